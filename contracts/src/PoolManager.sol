@@ -61,9 +61,11 @@ contract PoolManager is IPoolMembership, EIP712 {
         uint128 slashAmount;
     }
 
+    /// @notice A node's pool and its provider at join time (nodes cannot change provider while in a pool).
     struct Membership {
-        uint64 poolId;
-        uint64 joinedAt;
+        uint48 poolId;
+        uint48 joinedAt;
+        address provider;
     }
 
     /// @notice The provider registry (node ownership and stake).
@@ -206,7 +208,7 @@ contract PoolManager is IPoolMembership, EIP712 {
         uint256 have = registry.stakeOf(provider);
         if (have < p.minStake) revert StakeTooLow(have, p.minStake);
         _inviteUsed[poolId][nonce] = true;
-        _membership[node] = Membership({poolId: uint64(poolId), joinedAt: uint64(block.timestamp)});
+        _membership[node] = Membership({poolId: uint48(poolId), joinedAt: uint48(block.timestamp), provider: provider});
         p.members += 1;
         emit NodeJoined(poolId, node, provider, nonce);
     }
@@ -291,7 +293,8 @@ contract PoolManager is IPoolMembership, EIP712 {
     {
         providers = new address[](nodes.length);
         for (uint256 i; i < nodes.length; ++i) {
-            if (_membership[nodes[i]].poolId == poolId) providers[i] = registry.providerOf(nodes[i]);
+            Membership storage m = _membership[nodes[i]];
+            if (m.poolId == poolId) providers[i] = m.provider;
         }
     }
 

@@ -140,21 +140,13 @@ contract WorkLedger {
         }
         address[] memory providers = pools.membersProviders(poolId, nodes);
 
-        uint40 deadline = uint40(block.timestamp + t.validationWindow);
+        // Saturate instead of truncating: a window reaching past 2^40 s must not wrap the deadline
+        // into the past (which would make the record final, hence claimable, at once).
+        uint256 end = block.timestamp + t.validationWindow;
+        uint40 deadline = end > type(uint40).max ? type(uint40).max : uint40(end);
         uint256 total;
         for (uint256 i; i < n; ++i) {
-            WorkInput calldata w = batch[i];
-            if (w.units == 0) revert ZeroUnits(w.workKey);
-            address provider = providers[i];
-            if (provider == address(0)) revert NotMember(poolId, w.node);
-            Record storage r = _records[_key(poolId, w.workKey)];
-            if (r.status != RecordStatus.None) revert DuplicateWork(poolId, w.workKey);
-            r.provider = provider;
-            r.deadline = deadline;
-            r.status = RecordStatus.Pending;
-            r.units = w.units;
-            total += w.units;
-            emit WorkRecorded(poolId, w.node, w.workKey, provider, w.units, w.policyVersion, w.proofCommitment);
+            total += _store(poolId, batch[i], providers[i], deadline);
         }
         PoolAccount storage a = _accounts[poolId];
         a.pendingUnits += uint64(total);
@@ -228,6 +220,9 @@ contract WorkLedger {
         PoolManager.PoolTerms memory t = pools.poolTerms(poolId);
         if (t.status == PoolManager.Status.None) revert UnknownPool(poolId);
         PoolAccount storage a = _accounts[poolId];
+        // The budget is a uint128: refuse what would not fit instead of truncating `amount`
+        // (which would take the full amount but credit only its low 128 bits).
+        require(amount <= type(uint128).max - a.budget, "WorkLedger: budget overflow");
         a.budget += uint128(amount);
         emit PoolFunded(poolId, msg.sender, amount, a.budget);
         token.safeTransferFrom(msg.sender, address(this), amount);
@@ -270,6 +265,25 @@ contract WorkLedger {
         PoolAccount storage a = _accounts[poolId];
         uint256 owed = uint256(a.pendingUnits) * pools.poolTerms(poolId).rewardRate;
         return a.budget > owed ? a.budget - owed : 0;
+    }
+
+    /// @dev Checks and writes one record as a single packed SSTORE, then emits its event.
+    function _store(uint256 poolId, WorkInput calldata w, address provider, uint40 deadline)
+        private
+        returns (uint256 units)
+    {
+        units = w.units;
+        if (units == 0) revert ZeroUnits(w.workKey);
+        if (provider == address(0)) revert NotMember(poolId, w.node);
+        Record storage r = _records[_key(poolId, w.workKey)];
+        if (r.status != RecordStatus.None) revert DuplicateWork(poolId, w.workKey);
+        // provider | deadline << 160 | Pending << 200 | units << 208, the layout of `Record`.
+        uint256 packed = uint256(uint160(provider)) | (uint256(deadline) << 160)
+            | (uint256(uint8(RecordStatus.Pending)) << 200) | (units << 208);
+        assembly ("memory-safe") {
+            sstore(r.slot, packed)
+        }
+        emit WorkRecorded(poolId, w.node, w.workKey, provider, w.units, w.policyVersion, w.proofCommitment);
     }
 
     function _key(uint256 poolId, bytes32 workKey) private pure returns (bytes32 k) {

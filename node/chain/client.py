@@ -1,0 +1,157 @@
+"""The chain client every role shares: typed calls, transactions and event history for the protocol
+contracts of one deployment."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eth_account.signers.local import LocalAccount
+from eth_utils import to_checksum_address
+
+from . import abi
+from .deployment import Deployment
+from .errors import ChainError, DeploymentError, RpcError, WrongChain
+from .rpc import RpcClient
+from .tx import Receipt, TxJournal, TxSender, revert_from_rpc
+
+LOG_CHUNK_BLOCKS = 5_000
+MAX_LOGS = 1_000_000
+
+
+class ChainClient:
+    """Bound to one RPC endpoint and one deployment; optionally to a signing account."""
+
+    def __init__(self, rpc: RpcClient, deployment: Deployment, sender: TxSender | None = None) -> None:
+        self.rpc = rpc
+        self.deployment = deployment
+        self.sender = sender
+        self._by_address = {addr.lower(): name for name, addr in deployment.contracts.items()}
+
+    @classmethod
+    async def connect(
+        cls,
+        rpc_url: str,
+        deployment: Deployment,
+        account: LocalAccount | None = None,
+        *,
+        journal: TxJournal | None = None,
+        receipt_timeout: float = 120.0,
+        check_code: bool = True,
+        rpc_retries: int = 3,
+    ) -> ChainClient:
+        """Connect and check that the endpoint serves the deployment's chain and contracts."""
+        rpc = RpcClient(rpc_url, retries=rpc_retries)
+        try:
+            chain_id = await rpc.chain_id()
+            if chain_id != deployment.chain_id:
+                raise WrongChain(
+                    f"the RPC endpoint serves chain id {chain_id}, the deployment is for chain id {deployment.chain_id}",
+                    "point --rpc-url at the right chain or pass the matching --deployment",
+                )
+            if check_code:
+                addr = deployment.address("WorkLedger")
+                if (await rpc.code(addr)) in ("0x", "", None):
+                    raise DeploymentError(
+                        f"no contract at {addr} on chain {chain_id}: the chain was reset or the deployment file is stale",
+                        "redeploy with `intellect-node contracts deploy`",
+                    )
+        except BaseException:
+            await rpc.aclose()
+            raise
+        client = cls(rpc, deployment)
+        if account is not None:
+            client.sender = TxSender(
+                rpc, account, chain_id, journal=journal, receipt_timeout=receipt_timeout, decode_logs=client.decode_logs
+            )
+        return client
+
+    async def aclose(self) -> None:
+        await self.rpc.aclose()
+
+    async def __aenter__(self) -> ChainClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------------ basics
+
+    @property
+    def address(self) -> str:
+        """The signing account's address."""
+        return self._require_sender().address
+
+    def _require_sender(self) -> TxSender:
+        if self.sender is None:
+            raise ChainError("this command needs a signing key", "pass --keystore FILE or set INTELLECT_PRIVATE_KEY")
+        return self.sender
+
+    def contract(self, name: str) -> str:
+        return self.deployment.address(name)
+
+    async def call(self, contract: str, fn: str, *args: Any, block: str = "latest", sender: str | None = None) -> Any:
+        f = abi.load(contract).fn(fn)
+        try:
+            out = await self.rpc.call(self.contract(contract), f.encode(args), sender=sender, block=block)
+        except RpcError as err:
+            raise revert_from_rpc(err, f"{contract}.{fn}") from None
+        return f.decode(out)
+
+    async def transact(self, contract: str, fn: str, *args: Any, what: str | None = None, gas: int | None = None) -> Receipt:
+        f = abi.load(contract).fn(fn)
+        return await self._require_sender().send(
+            self.contract(contract), f.encode(args), what=what or f"{contract}.{fn}", gas=gas
+        )
+
+    def decode_logs(self, logs: list[dict[str, Any]]) -> list[abi.DecodedEvent]:
+        out = []
+        for log in logs:
+            name = self._by_address.get(str(log.get("address", "")).lower())
+            if name is None:
+                continue
+            ev = abi.load(name).decode_log(log)
+            if ev is not None:
+                out.append(ev)
+        return out
+
+    async def events(
+        self,
+        contracts: list[str] | None = None,
+        *,
+        from_block: int | None = None,
+        to_block: int | None = None,
+        topics: list[Any] | None = None,
+        chunk: int = LOG_CHUNK_BLOCKS,
+    ) -> list[abi.DecodedEvent]:
+        """Decoded events of the deployment's contracts, oldest first, fetched in bounded block ranges."""
+        names = contracts or list(self.deployment.contracts)
+        addresses = [self.contract(n) for n in names]
+        start = self.deployment.block if from_block is None else from_block
+        end = await self.rpc.block_number() if to_block is None else to_block
+        logs: list[dict[str, Any]] = []
+        lo = start
+        while lo <= end:
+            hi = min(end, lo + chunk - 1)
+            logs.extend(await self.rpc.get_logs(addresses, lo, hi, topics))
+            if len(logs) > MAX_LOGS:
+                raise ChainError(f"more than {MAX_LOGS} logs between blocks {start} and {end}", "narrow the range")
+            lo = hi + 1
+        events = self.decode_logs(logs)
+        events.sort(key=lambda e: (e.block_number, e.log_index))
+        return events
+
+    async def timestamp(self, block: int | str = "latest") -> int:
+        return int((await self.rpc.get_block(block))["timestamp"], 16)
+
+    # ------------------------------------------------------------------ token helpers
+
+    async def token_balance(self, who: str) -> int:
+        return int(await self.call("IntellectToken", "balanceOf", to_checksum_address(who)))
+
+    async def ensure_allowance(self, spender_contract: str, amount: int) -> Receipt | None:
+        """Approve `spender_contract` for `amount` if the current allowance is lower."""
+        spender = self.contract(spender_contract)
+        have = int(await self.call("IntellectToken", "allowance", self.address, spender))
+        if have >= amount:
+            return None
+        return await self.transact("IntellectToken", "approve", spender, amount, what="token approval")

@@ -1,0 +1,68 @@
+"""Errors of the chain layer.
+
+Every error a user can cause carries a one-line message that names the problem and, where there is
+one, the fix (`hint`). The CLI prints `str(error)` and exits non-zero; nothing here prints.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ChainError(Exception):
+    """Base class: a failure talking to the chain or a rule the chain enforces."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message}; {self.hint}" if self.hint else self.message
+
+
+class RpcUnavailable(ChainError):
+    """The JSON-RPC endpoint could not be reached (after bounded retries)."""
+
+
+class RpcError(ChainError):
+    """The node answered with a JSON-RPC error that is not a contract revert."""
+
+    def __init__(self, message: str, code: int | None = None, data: Any = None, hint: str = "") -> None:
+        super().__init__(message, hint)
+        self.code = code
+        self.data = data
+
+
+class WrongChain(ChainError):
+    """The RPC endpoint serves another chain than the deployment file names."""
+
+
+class DeploymentError(ChainError):
+    """The deployment file is missing, unreadable or does not match the chain."""
+
+
+class KeyLoadError(ChainError):
+    """A key could not be loaded (missing keystore, wrong password, malformed hex)."""
+
+
+class InsufficientFunds(ChainError):
+    """The sending account cannot pay for gas (or value)."""
+
+
+class TxTimeout(ChainError):
+    """A sent transaction was not mined within the time allowed. It may still be mined later."""
+
+    def __init__(self, message: str, tx_hash: str, hint: str = "") -> None:
+        super().__init__(message, hint)
+        self.tx_hash = tx_hash
+
+
+class ContractRevert(ChainError):
+    """A contract call reverted; `name` and `args` hold the decoded custom error when known."""
+
+    def __init__(self, message: str, name: str | None, args: dict[str, Any], data: str, hint: str = "") -> None:
+        super().__init__(message, hint)
+        self.name = name
+        self.args = args
+        self.data = data

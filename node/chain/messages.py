@@ -1,0 +1,133 @@
+"""Readable messages and fixes for the protocol contracts' custom errors. Pure."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .abi import DecodedError
+
+POOL_STATUS = ("none", "created", "active", "ended")
+RECORD_STATUS = ("none", "pending", "invalidated", "claimed")
+
+
+def tokens(amount: int) -> str:
+    """Base units (18 decimals) as a short decimal string with the token symbol."""
+    whole, frac = divmod(int(amount), 10**18)
+    text = f"{whole}" if frac == 0 else f"{whole}.{frac:018d}".rstrip("0")
+    return f"{text} INTL"
+
+
+def _when(ts: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(int(ts)))
+
+
+def explain(err: DecodedError) -> tuple[str, str]:
+    """(message, hint) for a decoded revert."""
+    a: dict[str, Any] = err.args
+    n = err.name
+    table: dict[str, tuple[str, str]] = {
+        "StakeTooLow": (
+            f"stake too low: {tokens(a.get('have', 0))} staked, {tokens(a.get('need', 0))} needed",
+            "stake more with `intellect-node provider stake N`",
+        ),
+        "InsufficientStake": (
+            f"cannot unstake {tokens(a.get('requested', 0))}: only {tokens(a.get('staked', 0))} staked",
+            "unstake less",
+        ),
+        "AlreadyRegistered": (f"provider {a.get('provider')} is already registered", "use `provider stake N` to add stake"),
+        "NotRegistered": (f"{a.get('provider')} is not a registered provider", "run `intellect-node provider register --stake N` first"),
+        "NothingUnbonding": ("nothing is unbonding", "unstake first with `intellect-node provider unstake N`"),
+        "StillUnbonding": (f"stake is still unbonding until {_when(a.get('unbondingEnd', 0))}", "withdraw after that time"),
+        "NodeAlreadyRegistered": (f"node {a.get('node')} is already bound to provider {a.get('provider')}", "use another node key"),
+        "UnknownNode": (f"node {a.get('node')} is not registered", "add it with `intellect-node node add`"),
+        "NotNodeProvider": (f"{a.get('caller')} is not the provider of node {a.get('node')}", "send this with the provider's key"),
+        "NodeInPool": (f"node {a.get('node')} is still in pool {a.get('poolId')}", "leave the pool first"),
+        "BadNodeSignature": (f"the node binding signature is not from node {a.get('node')}", "sign it with that node's key"),
+        "ZeroComputeUnits": ("compute units must be positive", "pass --units N with N >= 1"),
+        "ZeroAmount": ("the amount must be positive", ""),
+        "ZeroAddress": ("an address argument is the zero address", ""),
+        "BountyTooHigh": (f"bounty share {a.get('bountyBps')} bps is above the maximum", "use at most 5000 bps"),
+        "PoolManagerAlreadySet": ("the registry's pool manager is already set", ""),
+        "UnknownPool": (f"pool {a.get('poolId')} does not exist", "check the pool id (`intellect-node pool info ID`)"),
+        "NotPoolOwner": (f"{a.get('caller')} is not the owner of pool {a.get('poolId')}", "send this with the pool owner's key"),
+        "NotPoolAdmin": (
+            f"{a.get('caller')} is neither owner nor coordinator of pool {a.get('poolId')}",
+            "send this with the owner's or coordinator's key",
+        ),
+        "WrongPoolStatus": (
+            f"pool {a.get('poolId')} is {_status(a.get('have'))}, needs to be {_status(a.get('need'))}",
+            "start it with `intellect-node pool start ID`" if a.get("need") == 2 else "",
+        ),
+        "InviteExpired": (f"the invite expired at {_when(a.get('expiry', 0))}", "ask the coordinator for a new invite"),
+        "InviteAlreadyUsed": (f"invite nonce {a.get('nonce')} of pool {a.get('poolId')} was already used", "ask the coordinator for a new invite"),
+        "BadInviteSignature": (
+            f"the invite is signed by {a.get('signer')}, not by the pool's coordinator {a.get('coordinator')}",
+            "ask the pool's coordinator for an invite for this pool and node",
+        ),
+        "AlreadyInPool": (f"node {a.get('node')} is already in pool {a.get('poolId')}", "leave that pool first"),
+        "NotInPool": (f"node {a.get('node')} is not in pool {a.get('poolId')}", ""),
+        "Blacklisted": (f"node {a.get('node')} is blacklisted in pool {a.get('poolId')}", ""),
+        "NotCoordinator": (
+            f"{a.get('caller')} is not the coordinator of pool {a.get('poolId')}",
+            "only the pool's coordinator key can record work",
+        ),
+        "PoolNotActive": (f"pool {a.get('poolId')} is {_status(a.get('status'))}, not active", "the owner starts it with `pool start`"),
+        "EmptyBatch": ("the batch is empty", "pass at least one record"),
+        "BatchTooLarge": (f"the batch has {a.get('size')} entries, at most {a.get('max')} are allowed", "split it"),
+        "ZeroUnits": (f"work {a.get('workKey')} has zero units", ""),
+        "NotMember": (f"node {a.get('node')} is not a member of pool {a.get('poolId')}", "it must join the pool first"),
+        "DuplicateWork": (f"work {a.get('workKey')} is already recorded in pool {a.get('poolId')}", "each work key is recorded once"),
+        "UnknownWork": (f"no work {a.get('workKey')} is recorded in pool {a.get('poolId')}", "check the pool id and work key"),
+        "NotValidator": (f"{a.get('caller')} does not hold the validator role", "governance grants it with `intellect-node validator grant`"),
+        "AlreadySettled": (f"work {a.get('workKey')} is already {_record(a.get('status'))}", ""),
+        "DeadlinePassed": (
+            f"the validation window of work {a.get('workKey')} closed at {_when(a.get('deadline', 0))}",
+            "work is final after its deadline and can no longer be invalidated",
+        ),
+        "DeadlineNotReached": (
+            f"work {a.get('workKey')} is still in its validation window until {_when(a.get('deadline', 0))}",
+            "claim after the deadline",
+        ),
+        "NotRecordProvider": (
+            f"work {a.get('workKey')} belongs to provider {a.get('provider')}, not {a.get('caller')}",
+            "claim with the provider's key",
+        ),
+        "InsufficientPoolFunds": (
+            f"pool {a.get('poolId')} holds {tokens(a.get('budget', 0))}, the claim needs {tokens(a.get('need', 0))}",
+            "the pool owner must fund it with `intellect-node pool fund`",
+        ),
+        "SurplusTooLow": (f"only {tokens(a.get('surplus', 0))} is not owed to pending work", "withdraw less"),
+        "ERC20InsufficientBalance": (
+            f"token balance too low: {tokens(a.get('balance', 0))} held, {tokens(a.get('needed', 0))} needed",
+            "get tokens first (on the devnet: `intellect-node token mint`)",
+        ),
+        "ERC20InsufficientAllowance": (f"token allowance too low: {tokens(a.get('allowance', 0))} approved", "approve more"),
+        "AccessControlUnauthorizedAccount": (f"{a.get('account')} lacks the required role", "ask governance for the role"),
+        "OwnableUnauthorizedAccount": (f"{a.get('account')} is not the owner", "send this with the owner's key"),
+        "ECDSAInvalidSignature": ("the signature is invalid", "sign again with the right key"),
+        "ECDSAInvalidSignatureLength": ("the signature has the wrong length", "a signature is 65 bytes"),
+        "ECDSAInvalidSignatureS": ("the signature is malleable (high s)", "sign again"),
+    }
+    if n in table:
+        return table[n]
+    if n == "Error":
+        return str(a.get("message")), ""
+    if n == "Panic":
+        return f"contract panic: {a.get('message')}", ""
+    args = ", ".join(f"{k}={v}" for k, v in a.items())
+    return f"{n}({args})", ""
+
+
+def _status(v: Any) -> str:
+    try:
+        return POOL_STATUS[int(v)]
+    except (TypeError, ValueError, IndexError):
+        return str(v)
+
+
+def _record(v: Any) -> str:
+    try:
+        return RECORD_STATUS[int(v)]
+    except (TypeError, ValueError, IndexError):
+        return str(v)

@@ -1,0 +1,243 @@
+"""Protocol operations shared by the CLI and the daemons: each one a few contract calls with the
+checks that make its failure readable before any gas is spent."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from eth_account.signers.local import LocalAccount
+from eth_utils import to_checksum_address
+
+from .chain.client import ChainClient
+from .chain.errors import ChainError
+from .chain.signing import Invite, sign_node_binding
+from .chain.tx import Receipt
+
+MAX_BATCH = 512
+POOL_STATUS = ("none", "created", "active", "ended")
+RECORD_STATUS = ("none", "pending", "invalidated", "claimed")
+
+
+def checksum(addr: str, what: str = "address") -> str:
+    try:
+        return to_checksum_address(addr)
+    except ValueError:
+        raise ChainError(f"{what} {addr!r} is not an Ethereum address", "use a 0x-prefixed 40-hex-digit address") from None
+
+
+def bytes32(value: str, what: str = "value") -> str:
+    text = value.removeprefix("0x")
+    try:
+        raw = bytes.fromhex(text)
+    except ValueError:
+        raw = b""
+    if len(raw) != 32:
+        raise ChainError(f"{what} {value!r} is not 32 bytes of hex", "use 0x followed by 64 hex digits")
+    return "0x" + raw.hex()
+
+
+# ---------------------------------------------------------------------- provider
+
+
+async def register_provider(c: ChainClient, amount: int) -> Receipt:
+    await c.ensure_allowance("ProviderRegistry", amount)
+    return await c.transact("ProviderRegistry", "registerProvider", amount, what="provider registration")
+
+
+async def stake(c: ChainClient, amount: int) -> Receipt:
+    await c.ensure_allowance("ProviderRegistry", amount)
+    return await c.transact("ProviderRegistry", "stake", amount, what="stake")
+
+
+async def unstake(c: ChainClient, amount: int) -> Receipt:
+    return await c.transact("ProviderRegistry", "unstake", amount, what="unstake")
+
+
+async def withdraw(c: ChainClient) -> Receipt:
+    return await c.transact("ProviderRegistry", "withdraw", what="withdraw")
+
+
+async def provider_info(c: ChainClient, provider: str) -> dict[str, Any]:
+    info = dict(await c.call("ProviderRegistry", "getProvider", checksum(provider)))
+    info["required"] = await c.call("ProviderRegistry", "requiredStake", checksum(provider))
+    info["tokenBalance"] = await c.token_balance(provider)
+    return info
+
+
+async def add_node(c: ChainClient, node: str, units: int, signature: str) -> Receipt:
+    return await c.transact("ProviderRegistry", "addNode", checksum(node, "node"), units, signature, what="node binding")
+
+
+def node_signature(c: ChainClient, node_key: LocalAccount, provider: str) -> str:
+    return sign_node_binding(node_key, checksum(provider), c.deployment.chain_id, c.contract("ProviderRegistry"))
+
+
+# ---------------------------------------------------------------------- pools
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    coordinator: str
+    spec_uri: str
+    spec_hash: str
+    reward_rate: int
+    validation_window: int = 0
+    slash_amount: int = 0
+    min_stake: int = 0
+    bootstrap: str = ""
+
+    def as_params(self) -> dict[str, Any]:
+        return {
+            "coordinator": checksum(self.coordinator, "coordinator"),
+            "specURI": self.spec_uri,
+            "specHash": bytes32(self.spec_hash, "spec hash"),
+            "rewardRate": self.reward_rate,
+            "validationWindow": self.validation_window,
+            "slashAmount": self.slash_amount,
+            "minStake": self.min_stake,
+            "bootstrap": self.bootstrap,
+        }
+
+
+async def create_pool(c: ChainClient, spec: PoolSpec) -> tuple[int, Receipt]:
+    r = await c.transact("PoolManager", "createPool", spec.as_params(), what="pool creation")
+    return int(r.event("PoolCreated").args["poolId"]), r
+
+
+async def pool_info(c: ChainClient, pool_id: int) -> dict[str, Any]:
+    p = dict(await c.call("PoolManager", "getPool", pool_id))
+    if p["status"] == 0:
+        raise ChainError(f"pool {pool_id} does not exist", "check the pool id")
+    p["statusName"] = POOL_STATUS[p["status"]]
+    p["poolId"] = pool_id
+    p["account"] = await c.call("WorkLedger", "poolAccount", pool_id)
+    return p
+
+
+async def fund_pool(c: ChainClient, pool_id: int, amount: int) -> Receipt:
+    await c.ensure_allowance("WorkLedger", amount)
+    return await c.transact("WorkLedger", "fundPool", pool_id, amount, what="pool funding")
+
+
+async def make_invite(c: ChainClient, coordinator: LocalAccount, pool_id: int, node: str, ttl: int, nonce: int | None = None) -> Invite:
+    """An invite signed by the coordinator key, expiring `ttl` seconds after the chain's current time."""
+    now = await c.timestamp()
+    inv = Invite(
+        pool_id=pool_id,
+        node=checksum(node, "node"),
+        nonce=secrets.randbits(64) if nonce is None else nonce,
+        expiry=now + ttl,
+        chain_id=c.deployment.chain_id,
+        pool_manager=c.contract("PoolManager"),
+    )
+    return inv.signed_by(coordinator)
+
+
+async def join_pool(c: ChainClient, invite: Invite, pool_id: int | None = None) -> Receipt:
+    if pool_id is not None and invite.pool_id != pool_id:
+        raise ChainError(f"the invite is for pool {invite.pool_id}, not pool {pool_id}", "use the invite for this pool")
+    if invite.chain_id != c.deployment.chain_id or invite.pool_manager.lower() != c.contract("PoolManager").lower():
+        raise ChainError(
+            f"the invite is for chain {invite.chain_id} / pool manager {invite.pool_manager}, not this deployment",
+            "ask the coordinator of this deployment for an invite",
+        )
+    return await c.transact(
+        "PoolManager", "joinPool", invite.pool_id, invite.node, invite.nonce, invite.expiry, invite.signature, what="pool join"
+    )
+
+
+# ---------------------------------------------------------------------- work
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    node: str
+    work_key: str
+    units: int
+    policy_version: int
+    proof_commitment: str
+
+    def as_input(self) -> dict[str, Any]:
+        if not 0 < self.units < 2**48:
+            raise ChainError(f"work {self.work_key}: units {self.units} out of range", "units must be in 1..2^48-1")
+        return {
+            "node": checksum(self.node, "node"),
+            "workKey": bytes32(self.work_key, "work key"),
+            "units": self.units,
+            "policyVersion": self.policy_version,
+            "proofCommitment": bytes32(self.proof_commitment, "proof commitment"),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> WorkItem:
+        try:
+            return cls(
+                node=str(d["node"]),
+                work_key=str(d["work_key"]),
+                units=int(d["units"]),
+                policy_version=int(d.get("policy_version", 0)),
+                proof_commitment=str(d.get("proof_commitment", "0x" + "00" * 32)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ChainError(f"malformed work record {d!r}: {exc}") from None
+
+
+def chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+async def record_work(c: ChainClient, pool_id: int, items: Sequence[WorkItem]) -> list[Receipt]:
+    if not items:
+        raise ChainError("no work records to submit", "pass at least one record")
+    inputs = [w.as_input() for w in items]
+    keys = [i["workKey"] for i in inputs]
+    if len(set(keys)) != len(keys):
+        raise ChainError("the batch contains the same work key twice", "each work key is recorded once")
+    out = []
+    for part in chunks(inputs, MAX_BATCH):
+        out.append(await c.transact("WorkLedger", "recordWork", pool_id, list(part), what="work record batch"))
+    return out
+
+
+async def invalidate(c: ChainClient, pool_id: int, work_key: str, evidence: str) -> Receipt:
+    return await c.transact(
+        "WorkLedger", "invalidateWork", pool_id, bytes32(work_key, "work key"), bytes32(evidence, "evidence hash"),
+        what="invalidation",
+    )
+
+
+async def record(c: ChainClient, pool_id: int, work_key: str) -> dict[str, Any]:
+    r = dict(await c.call("WorkLedger", "getRecord", pool_id, bytes32(work_key, "work key")))
+    r["statusName"] = RECORD_STATUS[r["status"]]
+    return r
+
+
+async def claimable_keys(c: ChainClient, pool_id: int, provider: str) -> list[str]:
+    """Work keys of `provider` in `pool_id` that are final and unclaimed, from events + current state."""
+    provider = checksum(provider)
+    topic_pool = "0x" + pool_id.to_bytes(32, "big").hex()
+    events = await c.events(["WorkLedger"], topics=[None, topic_pool])
+    keys = [e.args["workKey"] for e in events if e.name == "WorkRecorded" and e.args["provider"] == provider]
+    out = []
+    for k in keys:
+        if await c.call("WorkLedger", "isClaimable", pool_id, k):
+            out.append(k)
+    return out
+
+
+async def claim(c: ChainClient, pool_id: int, keys: Sequence[str] | None = None) -> tuple[int, list[Receipt]]:
+    """Claim `keys` (default: every claimable record of the caller). Returns (tokens, receipts)."""
+    todo = list(keys) if keys is not None else await claimable_keys(c, pool_id, c.address)
+    if not todo:
+        raise ChainError(f"nothing to claim in pool {pool_id}", "work becomes claimable when its validation window ends")
+    total = 0
+    receipts = []
+    for part in chunks([bytes32(k, "work key") for k in todo], MAX_BATCH):
+        r = await c.transact("WorkLedger", "claim", pool_id, list(part), what="claim")
+        total += sum(int(e.args["reward"]) for e in r.all("WorkClaimed"))
+        receipts.append(r)
+    return total, receipts
