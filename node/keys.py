@@ -24,10 +24,14 @@ def from_hex(key: str, source: str = PRIVATE_KEY_ENV) -> LocalAccount:
             raise ValueError
         return Account.from_key(raw)
     except ValueError:
-        raise KeyLoadError(f"{source} is not a 32-byte hex private key", "use 64 hex digits, optionally 0x-prefixed") from None
+        raise KeyLoadError(
+            f"{source} is not a 32-byte hex private key", "use 64 hex digits, optionally 0x-prefixed"
+        ) from None
 
 
-def load_keystore(path: str | os.PathLike[str], password: str | None = None, prompt: Callable[[str], str] | None = None) -> LocalAccount:
+def load_keystore(
+    path: str | os.PathLike[str], password: str | None = None, prompt: Callable[[str], str] | None = None
+) -> LocalAccount:
     p = Path(path)
     try:
         data = json.loads(p.read_text())
@@ -44,7 +48,9 @@ def load_keystore(path: str | os.PathLike[str], password: str | None = None, pro
     try:
         key = Account.decrypt(data, password)
     except (ValueError, KeyError, TypeError):
-        raise KeyLoadError(f"cannot decrypt keystore {p}: wrong password or corrupt file", f"check {PASSWORD_ENV}") from None
+        raise KeyLoadError(
+            f"cannot decrypt keystore {p}: wrong password or corrupt file", f"check {PASSWORD_ENV}"
+        ) from None
     return Account.from_key(key)
 
 

@@ -25,7 +25,9 @@ def checksum(addr: str, what: str = "address") -> str:
     try:
         return to_checksum_address(addr)
     except ValueError:
-        raise ChainError(f"{what} {addr!r} is not an Ethereum address", "use a 0x-prefixed 40-hex-digit address") from None
+        raise ChainError(
+            f"{what} {addr!r} is not an Ethereum address", "use a 0x-prefixed 40-hex-digit address"
+        ) from None
 
 
 def bytes32(value: str, what: str = "value") -> str:
@@ -68,7 +70,9 @@ async def provider_info(c: ChainClient, provider: str) -> dict[str, Any]:
 
 
 async def add_node(c: ChainClient, node: str, units: int, signature: str) -> Receipt:
-    return await c.transact("ProviderRegistry", "addNode", checksum(node, "node"), units, signature, what="node binding")
+    return await c.transact(
+        "ProviderRegistry", "addNode", checksum(node, "node"), units, signature, what="node binding"
+    )
 
 
 def node_signature(c: ChainClient, node_key: LocalAccount, provider: str) -> str:
@@ -122,7 +126,9 @@ async def fund_pool(c: ChainClient, pool_id: int, amount: int) -> Receipt:
     return await c.transact("WorkLedger", "fundPool", pool_id, amount, what="pool funding")
 
 
-async def make_invite(c: ChainClient, coordinator: LocalAccount, pool_id: int, node: str, ttl: int, nonce: int | None = None) -> Invite:
+async def make_invite(
+    c: ChainClient, coordinator: LocalAccount, pool_id: int, node: str, ttl: int, nonce: int | None = None
+) -> Invite:
     """An invite signed by the coordinator key, expiring `ttl` seconds after the chain's current time."""
     now = await c.timestamp()
     inv = Invite(
@@ -145,7 +151,14 @@ async def join_pool(c: ChainClient, invite: Invite, pool_id: int | None = None) 
             "ask the coordinator of this deployment for an invite",
         )
     return await c.transact(
-        "PoolManager", "joinPool", invite.pool_id, invite.node, invite.nonce, invite.expiry, invite.signature, what="pool join"
+        "PoolManager",
+        "joinPool",
+        invite.pool_id,
+        invite.node,
+        invite.nonce,
+        invite.expiry,
+        invite.signature,
+        what="pool join",
     )
 
 
@@ -205,7 +218,11 @@ async def record_work(c: ChainClient, pool_id: int, items: Sequence[WorkItem]) -
 
 async def invalidate(c: ChainClient, pool_id: int, work_key: str, evidence: str) -> Receipt:
     return await c.transact(
-        "WorkLedger", "invalidateWork", pool_id, bytes32(work_key, "work key"), bytes32(evidence, "evidence hash"),
+        "WorkLedger",
+        "invalidateWork",
+        pool_id,
+        bytes32(work_key, "work key"),
+        bytes32(evidence, "evidence hash"),
         what="invalidation",
     )
 
@@ -233,7 +250,9 @@ async def claim(c: ChainClient, pool_id: int, keys: Sequence[str] | None = None)
     """Claim `keys` (default: every claimable record of the caller). Returns (tokens, receipts)."""
     todo = list(keys) if keys is not None else await claimable_keys(c, pool_id, c.address)
     if not todo:
-        raise ChainError(f"nothing to claim in pool {pool_id}", "work becomes claimable when its validation window ends")
+        raise ChainError(
+            f"nothing to claim in pool {pool_id}", "work becomes claimable when its validation window ends"
+        )
     total = 0
     receipts = []
     for part in chunks([bytes32(k, "work key") for k in todo], MAX_BATCH):

@@ -66,7 +66,9 @@ async def deploy(
 
     reg = abi.load("ProviderRegistry")
     await sender.send(registry, reg.fn("setPoolManager").encode([pools]), what="wire registry to pool manager")
-    await sender.send(registry, reg.fn("grantRole").encode([SLASHER_ROLE, ledger]), what="grant the ledger SLASHER_ROLE")
+    await sender.send(
+        registry, reg.fn("grantRole").encode([SLASHER_ROLE, ledger]), what="grant the ledger SLASHER_ROLE"
+    )
     for v in params.validators:
         await sender.send(registry, reg.fn("grantRole").encode([VALIDATOR_ROLE, v]), what=f"grant validator {v}")
         say(f"granted VALIDATOR_ROLE to {v}")

@@ -86,7 +86,9 @@ class Anvil:
             if self.proc.poll() is not None:
                 raise ChainError(f"anvil exited with code {self.proc.returncode} at start (port {self.port})")
             try:
-                r = httpx.post(self.url, json={"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}, timeout=1)
+                r = httpx.post(
+                    self.url, json={"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}, timeout=1
+                )
                 if r.status_code == 200:
                     return self
             except httpx.TransportError:

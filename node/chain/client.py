@@ -97,7 +97,9 @@ class ChainClient:
             raise revert_from_rpc(err, f"{contract}.{fn}") from None
         return f.decode(out)
 
-    async def transact(self, contract: str, fn: str, *args: Any, what: str | None = None, gas: int | None = None) -> Receipt:
+    async def transact(
+        self, contract: str, fn: str, *args: Any, what: str | None = None, gas: int | None = None
+    ) -> Receipt:
         f = abi.load(contract).fn(fn)
         return await self._require_sender().send(
             self.contract(contract), f.encode(args), what=what or f"{contract}.{fn}", gas=gas

@@ -50,7 +50,9 @@ class Deployment:
         try:
             return self.contracts[name]
         except KeyError:
-            raise DeploymentError(f"the deployment file lists no {name} contract", "redeploy with `contracts deploy`") from None
+            raise DeploymentError(
+                f"the deployment file lists no {name} contract", "redeploy with `contracts deploy`"
+            ) from None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"

@@ -8,6 +8,7 @@ can never be mined (their nonce was taken by another transaction that is not our
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -122,7 +123,9 @@ class TxSender:
             raise revert_from_rpc(err, what) from None
         return int(gas * self.gas_multiplier) + 10_000
 
-    async def send(self, to: str | None, data: str, *, value: int = 0, gas: int | None = None, what: str = "transaction") -> Receipt:
+    async def send(
+        self, to: str | None, data: str, *, value: int = 0, gas: int | None = None, what: str = "transaction"
+    ) -> Receipt:
         """Preflight, sign once, broadcast, wait for the receipt. Raises `ContractRevert` if the call
         would revert (nothing is sent), `InsufficientFunds`, `TxTimeout` (the hash is in the error), or
         `ContractRevert` if it reverted on chain."""
@@ -184,7 +187,9 @@ class TxSender:
                 # Another transaction of this account took the nonce: ours can never be mined,
                 # so signing again with a fresh nonce cannot duplicate it.
                 fresh = int(await self.rpc.request("eth_getTransactionCount", [self.address, "pending"]), 16)
-                log.warning("%s: nonce %d was taken by another transaction; re-signing with %d", what, tx["nonce"], fresh)
+                log.warning(
+                    "%s: nonce %d was taken by another transaction; re-signing with %d", what, tx["nonce"], fresh
+                )
                 tx = dict(tx, nonce=fresh)
                 raw2, hash2 = self._sign(tx)
                 if self.journal is not None:
@@ -216,10 +221,9 @@ class TxSender:
                 )
             if raw is not None and now >= next_rebroadcast:
                 next_rebroadcast = now + self.rebroadcast_every
-                try:
+                # Known, mined meanwhile, or the node is still down: keep polling either way.
+                with contextlib.suppress(RpcError, RpcUnavailable):
                     await self.rpc.request("eth_sendRawTransaction", [raw], retry=False)
-                except (RpcError, RpcUnavailable):
-                    pass  # known, mined meanwhile, or node still down: keep polling
             await trio.sleep(self.poll_interval)
 
     def _receipt(self, rc: dict[str, Any]) -> Receipt:
@@ -235,7 +239,12 @@ class TxSender:
 
     async def _explain_failure(self, tx: dict[str, Any], receipt: Receipt, what: str) -> ChainError:
         """Replay a failed transaction as a call at its block to recover the revert reason."""
-        call: dict[str, Any] = {"from": self.address, "data": tx["data"], "value": hex(tx["value"]), "gas": hex(tx["gas"])}
+        call: dict[str, Any] = {
+            "from": self.address,
+            "data": tx["data"],
+            "value": hex(tx["value"]),
+            "gas": hex(tx["gas"]),
+        }
         if "to" in tx:
             call["to"] = tx["to"]
         try:

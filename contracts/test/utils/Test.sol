@@ -24,6 +24,7 @@ interface Vm {
     function expectEmit(bool checkTopic1, bool checkTopic2, bool checkTopic3, bool checkData, address emitter)
         external;
     function expectEmit() external;
+    function expectEmit(address emitter) external;
     function assume(bool condition) external pure;
     function label(address account, string calldata newLabel) external;
     function recordLogs() external;
@@ -35,40 +36,10 @@ interface Vm {
     function resumeGasMetering() external;
 }
 
-/// @notice A minimal stand-in for forge-std's Test: cheatcodes, assertions, bounds and invariant targets.
-abstract contract Test {
+/// @notice Cheatcodes, assertions and `bound`, without the test-runner hooks: a base for invariant
+/// handlers and other helper contracts that forge must not pick up as test contracts.
+abstract contract TestBase {
     Vm internal constant vm = Vm(address(uint160(uint256(keccak256("hevm cheat code")))));
-
-    bool public IS_TEST = true;
-
-    address[] private _targetContracts;
-    bytes4[] private _targetSelectorsFlat;
-
-    struct FuzzSelector {
-        address addr;
-        bytes4[] selectors;
-    }
-
-    FuzzSelector[] private _targetSelectors;
-
-    event log_named_uint(string key, uint256 val);
-    event log_named_string(string key, string val);
-
-    function targetContract(address target) internal {
-        _targetContracts.push(target);
-    }
-
-    function targetSelector(FuzzSelector memory s) internal {
-        _targetSelectors.push(s);
-    }
-
-    function targetContracts() public view returns (address[] memory) {
-        return _targetContracts;
-    }
-
-    function targetSelectors() public view returns (FuzzSelector[] memory) {
-        return _targetSelectors;
-    }
 
     function fail(string memory message) internal pure {
         revert(message);
@@ -130,6 +101,14 @@ abstract contract Test {
         assertEq(a, b, "");
     }
 
+    function assertEq(bytes memory a, bytes memory b, string memory m) internal pure {
+        if (keccak256(a) != keccak256(b)) revert(string.concat("assertEq(bytes) failed: ", m));
+    }
+
+    function assertEq(bytes memory a, bytes memory b) internal pure {
+        assertEq(a, b, "");
+    }
+
     function assertLe(uint256 a, uint256 b, string memory m) internal pure {
         if (a > b) revert(string.concat("assertLe failed: ", m, " ", _u(a), " > ", _u(b)));
     }
@@ -181,5 +160,38 @@ abstract contract Test {
             v /= 10;
         }
         return string(b);
+    }
+}
+
+/// @notice A minimal stand-in for forge-std's Test: cheatcodes, assertions, bounds and invariant targets.
+abstract contract Test is TestBase {
+    bool public IS_TEST = true;
+
+    address[] private _targetContracts;
+
+    struct FuzzSelector {
+        address addr;
+        bytes4[] selectors;
+    }
+
+    FuzzSelector[] private _targetSelectors;
+
+    event log_named_uint(string key, uint256 val);
+    event log_named_string(string key, string val);
+
+    function targetContract(address target) internal {
+        _targetContracts.push(target);
+    }
+
+    function targetSelector(FuzzSelector memory s) internal {
+        _targetSelectors.push(s);
+    }
+
+    function targetContracts() public view returns (address[] memory) {
+        return _targetContracts;
+    }
+
+    function targetSelectors() public view returns (FuzzSelector[] memory) {
+        return _targetSelectors;
     }
 }

@@ -1,0 +1,242 @@
+// SPDX-License-Identifier: MIT
+pragma solidity ^0.8.24;
+
+import {IERC20} from "@openzeppelin/contracts/token/ERC20/IERC20.sol";
+import {Test} from "./Test.sol";
+import {IntellectToken} from "../../src/IntellectToken.sol";
+import {ProviderRegistry} from "../../src/ProviderRegistry.sol";
+import {PoolManager} from "../../src/PoolManager.sol";
+import {WorkLedger} from "../../src/WorkLedger.sol";
+
+/// @notice Deploys the four contracts wired together, plus helpers to sign node bindings and invites,
+/// register providers with nodes, join pools and record work.
+abstract contract Fixture is Test {
+    // ------------------------------------------------------------------ parameters
+    uint64 internal constant UNBONDING = 7 days;
+    uint256 internal constant STAKE_PER_CU = 10e18;
+    uint256 internal constant MIN_STAKE = 100e18;
+
+    uint64 internal constant WINDOW = 1 days;
+    uint128 internal constant RATE = 1e12;
+    uint128 internal constant SLASH = 50e18;
+    uint256 internal constant POOL_MIN_STAKE = 100e18;
+    string internal constant SPEC_URI = "ipfs://bafyspec";
+    bytes32 internal constant SPEC_HASH = keccak256("spec");
+    string internal constant BOOTSTRAP = "/ip4/127.0.0.1/tcp/4001/p2p/QmBoot";
+
+    // ------------------------------------------------------------------ actors
+    address internal constant ADMIN = address(0xAD);
+    address internal constant TREASURY = address(0x7EA5);
+    address internal constant VALIDATOR = address(0xBA11);
+    address internal constant POOL_OWNER = address(0x0B0B);
+    address internal constant FUNDER = address(0xF00D);
+    address internal constant ALICE = address(0xA1);
+    address internal constant BOB = address(0xB0);
+    address internal constant CAROL = address(0xCA);
+    address internal constant STRANGER = address(0x5757);
+
+    uint256 internal constant COORD_PK = 0xC0C0;
+    uint256 internal constant OTHER_PK = 0xBADBAD;
+    uint256 internal constant NODE1_PK = 0x1001;
+    uint256 internal constant NODE2_PK = 0x1002;
+    uint256 internal constant NODE3_PK = 0x1003;
+
+    address internal COORD;
+
+    // ------------------------------------------------------------------ contracts
+    IntellectToken internal token;
+    ProviderRegistry internal registry;
+    PoolManager internal pools;
+    WorkLedger internal ledger;
+
+    bytes32 internal VALIDATOR_ROLE;
+    bytes32 internal SLASHER_ROLE;
+
+    uint256 internal _nextNonce = 1;
+    uint256 internal _nextKey = 1;
+
+    function setUp() public virtual {
+        COORD = vm.addr(COORD_PK);
+        token = new IntellectToken(address(this));
+        registry = new ProviderRegistry(IERC20(address(token)), ADMIN, TREASURY, UNBONDING, STAKE_PER_CU, MIN_STAKE);
+        pools = new PoolManager(registry);
+        ledger = new WorkLedger(IERC20(address(token)), registry, pools);
+        VALIDATOR_ROLE = registry.VALIDATOR_ROLE();
+        SLASHER_ROLE = registry.SLASHER_ROLE();
+        vm.startPrank(ADMIN);
+        registry.setPoolManager(pools);
+        registry.grantRole(SLASHER_ROLE, address(ledger));
+        registry.grantRole(VALIDATOR_ROLE, VALIDATOR);
+        vm.stopPrank();
+        vm.label(address(token), "token");
+        vm.label(address(registry), "registry");
+        vm.label(address(pools), "pools");
+        vm.label(address(ledger), "ledger");
+    }
+
+    // ------------------------------------------------------------------ signatures
+
+    function _sign(uint256 pk, bytes32 digest) internal pure returns (bytes memory) {
+        (uint8 v, bytes32 r, bytes32 s) = vm.sign(pk, digest);
+        return abi.encodePacked(r, s, v);
+    }
+
+    /// @dev ecrecover of a 65-byte (r, s, v) signature, to name the signer an error will report.
+    function _recover(bytes32 digest, bytes memory sig) internal pure returns (address) {
+        bytes32 r;
+        bytes32 s;
+        uint8 v;
+        assembly {
+            r := mload(add(sig, 0x20))
+            s := mload(add(sig, 0x40))
+            v := byte(0, mload(add(sig, 0x60)))
+        }
+        return ecrecover(digest, v, r, s);
+    }
+
+    /// @dev The node key's EIP-712 signature binding `vm.addr(nodePk)` to `provider`.
+    function _nodeSig(uint256 nodePk, address provider) internal view returns (bytes memory) {
+        return _sign(nodePk, registry.nodeBindingDigest(provider, vm.addr(nodePk)));
+    }
+
+    /// @dev The coordinator's EIP-712 invite signature (signed by `signerPk`).
+    function _inviteSig(uint256 signerPk, uint256 poolId, address node, uint256 nonce, uint64 expiry)
+        internal
+        view
+        returns (bytes memory)
+    {
+        return _sign(signerPk, pools.inviteDigest(poolId, node, nonce, expiry));
+    }
+
+    // ------------------------------------------------------------------ providers and nodes
+
+    /// @dev Mints `amount` to `who` and approves the registry and the ledger for everything.
+    function _give(address who, uint256 amount) internal {
+        token.mint(who, amount);
+        vm.startPrank(who);
+        token.approve(address(registry), type(uint256).max);
+        token.approve(address(ledger), type(uint256).max);
+        vm.stopPrank();
+    }
+
+    function _registerProvider(address provider, uint256 amount) internal {
+        _give(provider, amount);
+        vm.prank(provider);
+        registry.registerProvider(amount);
+    }
+
+    function _addNode(address provider, uint256 nodePk, uint64 computeUnits) internal returns (address node) {
+        node = vm.addr(nodePk);
+        bytes memory sig = _nodeSig(nodePk, provider);
+        vm.prank(provider);
+        registry.addNode(node, computeUnits, sig);
+    }
+
+    // ------------------------------------------------------------------ pools
+
+    function _params() internal view returns (PoolManager.PoolParams memory) {
+        return PoolManager.PoolParams({
+            coordinator: COORD,
+            specURI: SPEC_URI,
+            specHash: SPEC_HASH,
+            rewardRate: RATE,
+            validationWindow: WINDOW,
+            slashAmount: SLASH,
+            minStake: POOL_MIN_STAKE,
+            bootstrap: BOOTSTRAP
+        });
+    }
+
+    function _createPool(PoolManager.PoolParams memory p) internal returns (uint256 poolId) {
+        vm.prank(POOL_OWNER);
+        poolId = pools.createPool(p);
+    }
+
+    function _createActivePool(PoolManager.PoolParams memory p) internal returns (uint256 poolId) {
+        poolId = _createPool(p);
+        vm.prank(POOL_OWNER);
+        pools.startPool(poolId);
+    }
+
+    function _createActivePool() internal returns (uint256 poolId) {
+        return _createActivePool(_params());
+    }
+
+    /// @dev Joins the node of `nodePk` (already bound to `provider`) with a fresh invite from `coordPk`.
+    function _join(uint256 poolId, address provider, uint256 nodePk, uint256 coordPk) internal returns (uint256 nonce) {
+        address node = vm.addr(nodePk);
+        nonce = _nextNonce++;
+        uint64 expiry = uint64(block.timestamp + 1 hours);
+        bytes memory sig = _inviteSig(coordPk, poolId, node, nonce, expiry);
+        vm.prank(provider);
+        pools.joinPool(poolId, node, nonce, expiry, sig);
+    }
+
+    function _join(uint256 poolId, address provider, uint256 nodePk) internal returns (uint256) {
+        return _join(poolId, provider, nodePk, COORD_PK);
+    }
+
+    /// @dev Registers `provider` (if needed, with `stakeAmount`), binds the node of `nodePk` with one
+    /// compute unit and joins it to `poolId`.
+    function _member(uint256 poolId, address provider, uint256 nodePk, uint256 stakeAmount)
+        internal
+        returns (address node)
+    {
+        if (!registry.getProvider(provider).registered) _registerProvider(provider, stakeAmount);
+        node = _addNode(provider, nodePk, 1);
+        _join(poolId, provider, nodePk);
+    }
+
+    // ------------------------------------------------------------------ work
+
+    function _newKey() internal returns (bytes32) {
+        return keccak256(abi.encode("work", _nextKey++));
+    }
+
+    function _work(address node, bytes32 key, uint48 units) internal pure returns (WorkLedger.WorkInput memory) {
+        return WorkLedger.WorkInput({
+            node: node,
+            workKey: key,
+            units: units,
+            policyVersion: 7,
+            proofCommitment: keccak256(abi.encode("proof", key))
+        });
+    }
+
+    function _batch1(address node, bytes32 key, uint48 units) internal pure returns (WorkLedger.WorkInput[] memory b) {
+        b = new WorkLedger.WorkInput[](1);
+        b[0] = _work(node, key, units);
+    }
+
+    function _record(uint256 poolId, WorkLedger.WorkInput[] memory batch) internal {
+        vm.prank(COORD);
+        ledger.recordWork(poolId, batch);
+    }
+
+    /// @dev Records one record for `node` with a fresh key and returns the key.
+    function _recordOne(uint256 poolId, address node, uint48 units) internal returns (bytes32 key) {
+        key = _newKey();
+        _record(poolId, _batch1(node, key, units));
+    }
+
+    function _fundPool(uint256 poolId, uint256 amount) internal {
+        _give(FUNDER, amount);
+        vm.prank(FUNDER);
+        ledger.fundPool(poolId, amount);
+    }
+
+    function _keys1(bytes32 k) internal pure returns (bytes32[] memory ks) {
+        ks = new bytes32[](1);
+        ks[0] = k;
+    }
+
+    function _claim(uint256 poolId, address provider, bytes32 key) internal returns (uint256) {
+        vm.prank(provider);
+        return ledger.claim(poolId, _keys1(key));
+    }
+
+    function _invalidate(uint256 poolId, bytes32 key) internal {
+        vm.prank(VALIDATOR);
+        ledger.invalidateWork(poolId, key, keccak256("evidence"));
+    }
+}

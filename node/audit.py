@@ -1,0 +1,401 @@
+"""Reward audit: rebuild a pool's ledger from events alone, then check it against contract state.
+
+`rebuild` and `compare` are pure (events and state in, findings out), so every rule is tested without
+a chain; `audit` fetches one consistent snapshot (events and state at the same block) and runs them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import trio
+
+from .chain.abi import DecodedEvent
+from .chain.client import ChainClient
+
+STATUS_NAMES = ("none", "pending", "invalidated", "claimed")
+
+
+@dataclass
+class Rec:
+    work_key: str
+    node: str
+    provider: str
+    units: int
+    policy_version: int
+    proof_commitment: str
+    deadline: int
+    recorded_tx: str
+    status: str = "pending"
+    validator: str = ""
+    evidence: str = ""
+    slashed: int = 0
+    bounty: int = 0
+    settled_tx: str = ""
+    reward: int = 0
+
+
+@dataclass
+class NodeLedger:
+    node: str
+    provider: str
+    records: int = 0
+    recorded_units: int = 0
+    pending_units: int = 0
+    finalized_units: int = 0
+    invalidated_units: int = 0
+    invalidated_records: int = 0
+    claimed_units: int = 0
+    claimed_tokens: int = 0
+    slashed_tokens: int = 0
+    slashes: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class PoolTotals:
+    funded: int = 0
+    surplus_withdrawn: int = 0
+    recorded_units: int = 0
+    pending_units: int = 0
+    invalidated_units: int = 0
+    claimed_units: int = 0
+    claimed_tokens: int = 0
+
+
+@dataclass
+class ProviderTotals:
+    deposited: int = 0
+    unstaked: int = 0
+    withdrawn: int = 0
+    slashed: int = 0
+    slashed_from_unbonding: int = 0
+    slashed_from_staked: int = 0
+
+    @property
+    def staked(self) -> int:
+        return self.deposited - self.unstaked - self.slashed_from_staked
+
+    @property
+    def unbonding(self) -> int:
+        return self.unstaked - self.withdrawn - self.slashed_from_unbonding
+
+
+@dataclass
+class Rebuilt:
+    pool_id: int
+    reward_rate: int | None
+    records: dict[str, Rec]
+    totals: PoolTotals
+    providers: dict[str, ProviderTotals]
+    problems: list[str]
+
+
+def rebuild(
+    pool_id: int,
+    pool_events: Iterable[DecodedEvent],
+    registry_events: Iterable[DecodedEvent],
+    block_time: dict[int, int],
+) -> Rebuilt:
+    """Replay the pool's events in order. `block_time` maps block numbers to timestamps (for the
+    deadline rules); `registry_events` are the registry events of this pool's providers."""
+    records: dict[str, Rec] = {}
+    totals = PoolTotals()
+    problems: list[str] = []
+    rate: int | None = None
+    pending_by_tx: dict[str, list[Rec]] = defaultdict(list)
+    slashes_by_tx: dict[tuple[str, str], DecodedEvent] = {}
+    reg = list(registry_events)
+    for e in reg:
+        if e.name == "Slashed":
+            slashes_by_tx[(e.tx_hash, e.args["reason"])] = e
+
+    for e in pool_events:
+        a = e.args
+        if a.get("poolId") not in (None, pool_id):
+            continue
+        if e.name == "PoolCreated":
+            rate = int(a["rewardRate"])
+        elif e.name == "WorkRecorded":
+            key = a["workKey"]
+            if key in records:
+                problems.append(f"work {key} recorded twice (tx {e.tx_hash})")
+                continue
+            rec = Rec(
+                key,
+                a["node"],
+                a["provider"],
+                int(a["units"]),
+                int(a["policyVersion"]),
+                a["proofCommitment"],
+                -1,
+                e.tx_hash,
+            )
+            records[key] = rec
+            pending_by_tx[e.tx_hash].append(rec)
+            totals.recorded_units += rec.units
+        elif e.name == "WorkBatchRecorded":
+            batch = pending_by_tx.pop(e.tx_hash, [])
+            if len(batch) != int(a["count"]) or sum(r.units for r in batch) != int(a["units"]):
+                problems.append(
+                    f"batch in tx {e.tx_hash} announces {a['count']} records / {a['units']} units, events show {len(batch)}"
+                )
+            for r in batch:
+                r.deadline = int(a["deadline"])
+        elif e.name == "WorkInvalidated":
+            key = a["workKey"]
+            rec = records.get(key)
+            if rec is None:
+                problems.append(f"work {key} invalidated but never recorded (tx {e.tx_hash})")
+                continue
+            if rec.status != "pending":
+                problems.append(f"work {key} invalidated while {rec.status} (tx {e.tx_hash})")
+                continue
+            t = block_time.get(e.block_number)
+            if t is not None and t >= rec.deadline:
+                problems.append(f"work {key} invalidated at {t}, at or after its deadline {rec.deadline}")
+            rec.status = "invalidated"
+            rec.validator = a["validator"]
+            rec.evidence = a["evidenceHash"]
+            rec.slashed = int(a["slashed"])
+            rec.bounty = int(a["bounty"])
+            rec.settled_tx = e.tx_hash
+            totals.invalidated_units += rec.units
+            s = slashes_by_tx.get((e.tx_hash, key))
+            if s is None and rec.slashed:
+                problems.append(
+                    f"work {key}: invalidation reports a slash of {rec.slashed} but the registry logged none"
+                )
+            elif s is not None and (int(s.args["amount"]) != rec.slashed or int(s.args["bounty"]) != rec.bounty):
+                problems.append(f"work {key}: invalidation and registry disagree on the slash")
+            if int(a["units"]) != rec.units or a["provider"] != rec.provider:
+                problems.append(f"work {key}: invalidation names other units/provider than the record")
+        elif e.name == "WorkClaimed":
+            key = a["workKey"]
+            rec = records.get(key)
+            if rec is None:
+                problems.append(f"work {key} claimed but never recorded (tx {e.tx_hash})")
+                continue
+            if rec.status != "pending":
+                problems.append(f"work {key} claimed while {rec.status} (tx {e.tx_hash})")
+                continue
+            t = block_time.get(e.block_number)
+            if t is not None and t < rec.deadline:
+                problems.append(f"work {key} claimed at {t}, before its deadline {rec.deadline}")
+            if a["provider"] != rec.provider:
+                problems.append(f"work {key} claimed by {a['provider']}, recorded for {rec.provider}")
+            rec.status = "claimed"
+            rec.reward = int(a["reward"])
+            rec.settled_tx = e.tx_hash
+            if rate is not None and rec.reward != rec.units * rate:
+                problems.append(f"work {key}: reward {rec.reward} != units {rec.units} x rate {rate}")
+            totals.claimed_units += rec.units
+            totals.claimed_tokens += rec.reward
+        elif e.name == "PoolFunded":
+            totals.funded += int(a["amount"])
+        elif e.name == "SurplusWithdrawn":
+            totals.surplus_withdrawn += int(a["amount"])
+    for r in records.values():
+        if r.deadline < 0:
+            problems.append(f"work {r.work_key}: no batch event gives its deadline")
+    totals.pending_units = totals.recorded_units - totals.invalidated_units - totals.claimed_units
+
+    providers: dict[str, ProviderTotals] = defaultdict(ProviderTotals)
+    for e in reg:
+        a = e.args
+        p = providers[a["provider"]]
+        if e.name == "Staked":
+            p.deposited += int(a["amount"])
+        elif e.name == "UnstakeRequested":
+            p.unstaked += int(a["amount"])
+        elif e.name == "Withdrawn":
+            p.withdrawn += int(a["amount"])
+        elif e.name == "Slashed":
+            p.slashed += int(a["amount"])
+            p.slashed_from_unbonding += int(a["fromUnbonding"])
+            p.slashed_from_staked += int(a["fromStaked"])
+    return Rebuilt(pool_id, rate, records, totals, dict(providers), problems)
+
+
+def node_ledgers(rebuilt: Rebuilt, now: int) -> dict[str, NodeLedger]:
+    out: dict[str, NodeLedger] = {}
+    for r in rebuilt.records.values():
+        n = out.setdefault(r.node, NodeLedger(r.node, r.provider))
+        n.records += 1
+        n.recorded_units += r.units
+        if r.status == "pending":
+            n.pending_units += r.units
+            if now >= r.deadline:
+                n.finalized_units += r.units
+        elif r.status == "invalidated":
+            n.invalidated_units += r.units
+            n.invalidated_records += 1
+            n.slashed_tokens += r.slashed
+            n.slashes.append(
+                {
+                    "work_key": r.work_key,
+                    "amount": r.slashed,
+                    "bounty": r.bounty,
+                    "validator": r.validator,
+                    "tx": r.settled_tx,
+                }
+            )
+        elif r.status == "claimed":
+            n.claimed_units += r.units
+            n.claimed_tokens += r.reward
+    return out
+
+
+def compare(
+    rebuilt: Rebuilt,
+    record_state: dict[str, dict[str, Any]],
+    account_state: dict[str, Any],
+    provider_state: dict[str, dict[str, Any]],
+    reward_rate_state: int,
+) -> list[str]:
+    """Differences between the event-built ledger and what the contracts hold now."""
+    out: list[str] = []
+    if rebuilt.reward_rate is not None and rebuilt.reward_rate != reward_rate_state:
+        out.append(f"reward rate: events say {rebuilt.reward_rate}, contract says {reward_rate_state}")
+    for key, rec in rebuilt.records.items():
+        s = record_state.get(key)
+        if s is None:
+            out.append(f"work {key}: no state fetched")
+            continue
+        status = STATUS_NAMES[int(s["status"])]
+        if status != rec.status:
+            out.append(f"work {key}: events say {rec.status}, contract says {status}")
+        if int(s["units"]) != rec.units:
+            out.append(f"work {key}: events say {rec.units} units, contract says {s['units']}")
+        if s["provider"] != rec.provider:
+            out.append(f"work {key}: events say provider {rec.provider}, contract says {s['provider']}")
+        if int(s["deadline"]) != rec.deadline:
+            out.append(f"work {key}: events say deadline {rec.deadline}, contract says {s['deadline']}")
+    t = rebuilt.totals
+    expect = {
+        "recordedUnits": t.recorded_units,
+        "pendingUnits": t.pending_units,
+        "invalidatedUnits": t.invalidated_units,
+        "claimedUnits": t.claimed_units,
+        "claimedTokens": t.claimed_tokens,
+        "budget": t.funded - t.claimed_tokens - t.surplus_withdrawn,
+    }
+    for k, v in expect.items():
+        if int(account_state[k]) != v:
+            out.append(f"pool account {k}: events say {v}, contract says {account_state[k]}")
+    for addr, p in rebuilt.providers.items():
+        s = provider_state.get(addr)
+        if s is None:
+            out.append(f"provider {addr}: no state fetched")
+            continue
+        for k, v in (
+            ("deposited", p.deposited),
+            ("withdrawn", p.withdrawn),
+            ("slashed", p.slashed),
+            ("staked", p.staked),
+            ("unbonding", p.unbonding),
+        ):
+            if int(s[k]) != v:
+                out.append(f"provider {addr} {k}: events say {v}, contract says {s[k]}")
+        if int(s["deposited"]) != int(s["staked"]) + int(s["unbonding"]) + int(s["withdrawn"]) + int(s["slashed"]):
+            out.append(f"provider {addr}: stake not conserved in contract state")
+    return out
+
+
+@dataclass
+class AuditReport:
+    pool_id: int
+    block: int
+    timestamp: int
+    consistent: bool
+    mismatches: list[str]
+    reward_rate: int
+    totals: dict[str, int]
+    nodes: dict[str, dict[str, Any]]
+    providers: dict[str, dict[str, int]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _topic(n: int | str) -> str:
+    if isinstance(n, str):
+        return "0x" + bytes.fromhex(n.removeprefix("0x")).rjust(32, b"\0").hex()
+    return "0x" + n.to_bytes(32, "big").hex()
+
+
+async def audit(c: ChainClient, pool_id: int, node: str | None = None, *, concurrency: int = 16) -> AuditReport:
+    """Fetch a snapshot at the latest block, rebuild from events, compare with state."""
+    block = await c.rpc.block_number()
+    tag = hex(block)
+    pool = await c.call("PoolManager", "getPool", pool_id, block=tag)
+    if int(pool["status"]) == 0:
+        from .chain.errors import ChainError
+
+        raise ChainError(f"pool {pool_id} does not exist", "check the pool id")
+    pool_events = await c.events(["PoolManager", "WorkLedger"], to_block=block, topics=[None, _topic(pool_id)])
+    providers = sorted({e.args["provider"] for e in pool_events if "provider" in e.args})
+    registry_events: list[DecodedEvent] = []
+    for p in providers:
+        registry_events += await c.events(["ProviderRegistry"], to_block=block, topics=[None, _topic(p)])
+    registry_events.sort(key=lambda e: (e.block_number, e.log_index))
+
+    times: dict[int, int] = {}
+    wanted = sorted({e.block_number for e in pool_events if e.name in ("WorkInvalidated", "WorkClaimed")} | {block})
+    limiter = trio.CapacityLimiter(concurrency)
+
+    async def fetch_time(b: int) -> None:
+        async with limiter:
+            times[b] = await c.timestamp(b)
+
+    async with trio.open_nursery() as nursery:
+        for b in wanted:
+            nursery.start_soon(fetch_time, b)
+
+    rebuilt = rebuild(pool_id, pool_events, registry_events, times)
+
+    record_state: dict[str, dict[str, Any]] = {}
+    provider_state: dict[str, dict[str, Any]] = {}
+
+    async def fetch_record(k: str) -> None:
+        async with limiter:
+            record_state[k] = await c.call("WorkLedger", "getRecord", pool_id, k, block=tag)
+
+    async def fetch_provider(p: str) -> None:
+        async with limiter:
+            provider_state[p] = await c.call("ProviderRegistry", "getProvider", p, block=tag)
+
+    async with trio.open_nursery() as nursery:
+        for k in rebuilt.records:
+            nursery.start_soon(fetch_record, k)
+        for p in rebuilt.providers:
+            nursery.start_soon(fetch_provider, p)
+    account = await c.call("WorkLedger", "poolAccount", pool_id, block=tag)
+
+    mismatches = rebuilt.problems + compare(rebuilt, record_state, account, provider_state, int(pool["rewardRate"]))
+    now = times[block]
+    ledgers = node_ledgers(rebuilt, now)
+    if node is not None:
+        ledgers = {k: v for k, v in ledgers.items() if k.lower() == node.lower()}
+    return AuditReport(
+        pool_id=pool_id,
+        block=block,
+        timestamp=now,
+        consistent=not mismatches,
+        mismatches=mismatches,
+        reward_rate=int(pool["rewardRate"]),
+        totals=asdict(rebuilt.totals),
+        nodes={k: asdict(v) for k, v in ledgers.items()},
+        providers={
+            k: {
+                "deposited": v.deposited,
+                "staked": v.staked,
+                "unbonding": v.unbonding,
+                "withdrawn": v.withdrawn,
+                "slashed": v.slashed,
+            }
+            for k, v in rebuilt.providers.items()
+        },
+    )

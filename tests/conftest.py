@@ -1,0 +1,80 @@
+"""Shared fixtures: a real anvil chain per test session, the real contracts deployed once, and a
+chain snapshot reverted after every test so tests do not see each other's state."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+from eth_account.signers.local import LocalAccount
+
+from node.chain import ChainClient, Deployment
+from node.chain.anvil import ANVIL_KEYS, Anvil
+from node.chain.rpc import RpcClient
+from node.keys import from_hex
+from pool.deploy import TOKEN, DeployParams, deploy
+
+
+def rpc_sync(url: str, method: str, params: list[object] | None = None) -> object:
+    r = httpx.post(url, json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params or []}, timeout=10)
+    body = r.json()
+    if "error" in body:
+        raise RuntimeError(body["error"])
+    return body["result"]
+
+
+@dataclass(frozen=True)
+class World:
+    url: str
+    deployment: Deployment
+    deployment_path: Path
+    admin: LocalAccount
+    provider: LocalAccount
+    coordinator: LocalAccount
+    validator: LocalAccount
+    outsider: LocalAccount
+    node: LocalAccount
+    node2: LocalAccount
+
+    async def client(self, who: LocalAccount | None) -> ChainClient:
+        return await ChainClient.connect(self.url, self.deployment, who)
+
+
+@pytest.fixture(scope="session")
+def anvil() -> Iterator[Anvil]:
+    with Anvil() as a:
+        yield a
+
+
+@pytest.fixture(scope="session")
+def world(anvil: Anvil, tmp_path_factory: pytest.TempPathFactory) -> World:
+    keys = [from_hex(k) for k in ANVIL_KEYS]
+    admin, provider, coordinator, validator, outsider, node, node2 = keys[:7]
+
+    async def setup() -> Deployment:
+        async with RpcClient(anvil.url) as rpc:
+            dep = await deploy(rpc, admin, DeployParams(validators=(validator.address,)), rpc_url=anvil.url)
+        c = await ChainClient.connect(anvil.url, dep, admin)
+        async with c:
+            for who in (admin, provider, outsider):
+                await c.transact("IntellectToken", "mint", who.address, 10_000 * TOKEN)
+        return dep
+
+    dep = trio.run(setup)
+    path = tmp_path_factory.mktemp("deploy") / "deployment.json"
+    dep.save(path)
+    return World(anvil.url, dep, path, admin, provider, coordinator, validator, outsider, node, node2)
+
+
+@pytest.fixture
+def chain(world: World) -> Iterator[World]:
+    """The deployed world, restored to its post-deployment state after the test."""
+    snap = rpc_sync(world.url, "evm_snapshot")
+    try:
+        yield world
+    finally:
+        rpc_sync(world.url, "evm_revert", [snap])
