@@ -17,7 +17,7 @@ import click
 
 from node import keys, ops
 from node.audit import audit as run_audit
-from node.chain import ChainError, Deployment, RpcClient, WrongChain
+from node.chain import ChainError, Deployment, RpcClient, RpcError, WrongChain
 from node.chain.deployment import NETWORKS
 from node.chain.messages import tokens
 from node.chain.signing import Invite
@@ -719,8 +719,8 @@ def chain_group() -> None:
 
 async def _is_local(rpc: RpcClient) -> bool:
     try:
-        version = str(await rpc.request("web3_clientVersion", retry=False)).lower()
-    except ChainError:
+        version = str(await rpc.request("web3_clientVersion")).lower()
+    except RpcError:
         return False
     return version.startswith(("anvil", "hardhat", "ganache"))
 

@@ -13,6 +13,7 @@ from eth_utils import to_checksum_address
 
 from .chain.client import ChainClient
 from .chain.errors import ChainError
+from .chain.messages import tokens
 from .chain.signing import Invite, sign_node_binding
 from .chain.tx import Receipt
 
@@ -44,12 +45,33 @@ def bytes32(value: str, what: str = "value") -> str:
 # ---------------------------------------------------------------------- provider
 
 
+async def _check_balance(c: ChainClient, amount: int, what: str) -> None:
+    have = await c.token_balance(c.address)
+    if have < amount:
+        raise ChainError(
+            f"{what}: {c.address} holds {tokens(have)}, needs {tokens(amount)}",
+            "get tokens first (on the devnet: `intellect-node token mint`)",
+        )
+
+
 async def register_provider(c: ChainClient, amount: int) -> Receipt:
+    """Approve and register. Checked before anything is sent: not yet registered, the minimum
+    stake, the token balance; so a refused registration leaves no approval behind."""
+    info = await c.call("ProviderRegistry", "getProvider", c.address)
+    if info["registered"]:
+        raise ChainError(f"provider {c.address} is already registered", "use `provider stake N` to add stake")
+    minimum = max(int(await c.call("ProviderRegistry", "minProviderStake")), 1)
+    if amount < minimum:
+        raise ChainError(
+            f"stake too low: {tokens(amount)} staked, {tokens(minimum)} needed", "register with a larger --stake"
+        )
+    await _check_balance(c, amount, "provider registration")
     await c.ensure_allowance("ProviderRegistry", amount)
     return await c.transact("ProviderRegistry", "registerProvider", amount, what="provider registration")
 
 
 async def stake(c: ChainClient, amount: int) -> Receipt:
+    await _check_balance(c, amount, "stake")
     await c.ensure_allowance("ProviderRegistry", amount)
     return await c.transact("ProviderRegistry", "stake", amount, what="stake")
 
@@ -122,6 +144,7 @@ async def pool_info(c: ChainClient, pool_id: int) -> dict[str, Any]:
 
 
 async def fund_pool(c: ChainClient, pool_id: int, amount: int) -> Receipt:
+    await _check_balance(c, amount, "pool funding")
     await c.ensure_allowance("WorkLedger", amount)
     return await c.transact("WorkLedger", "fundPool", pool_id, amount, what="pool funding")
 
