@@ -108,7 +108,6 @@ contract ProviderRegistry is AccessControl, EIP712 {
     error ZeroComputeUnits();
     error BountyTooHigh(uint16 bountyBps);
     error PoolManagerAlreadySet(address poolManager);
-    error PoolManagerNotSet();
 
     /// @param token_ Stake token.
     /// @param admin Governance: may grant roles and change parameters.

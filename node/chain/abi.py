@@ -173,9 +173,16 @@ class ContractABI:
             if t in ("string", "bytes") or t.endswith("]") or t.startswith("("):
                 args[p["name"]] = "0x" + topic.hex()  # dynamic indexed values are stored hashed
             else:
-                args[p["name"]] = _to_python(p, eth_abi.decode([t], topic)[0])
+                try:
+                    args[p["name"]] = _to_python(p, eth_abi.decode([t], topic)[0])
+                except eth_abi.exceptions.DecodingError:
+                    return None
         data = bytes.fromhex(log["data"].removeprefix("0x"))
-        for p, v in zip(plain, eth_abi.decode([_type(p) for p in plain], data), strict=True):
+        try:
+            values = eth_abi.decode([_type(p) for p in plain], data)
+        except eth_abi.exceptions.DecodingError:
+            return None  # not a log our contracts emit (wrong shape for the topic)
+        for p, v in zip(plain, values, strict=True):
             args[p["name"]] = _to_python(p, v)
         return DecodedEvent(
             contract=self.name,

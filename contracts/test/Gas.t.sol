@@ -1,0 +1,250 @@
+// SPDX-License-Identifier: MIT
+pragma solidity ^0.8.24;
+
+import {Fixture} from "./utils/Fixture.sol";
+import {PoolManager} from "../src/PoolManager.sol";
+import {WorkLedger} from "../src/WorkLedger.sol";
+
+/// @notice Shared gas-measurement helpers. Every comparison measures the same operation on two
+/// pools prepared the same way, after the same warm-up, so that the slots it touches are in the same
+/// cold/warm/dirty state in both measurements; only the size of the stored sets differs.
+abstract contract GasBase is Fixture {
+    /// @dev Relative tolerance of the 10-vs-1,000 comparisons, in basis points (2 %).
+    uint256 internal constant TOLERANCE_BPS = 200;
+
+    function _assertSameGas(uint256 small, uint256 large, string memory what) internal {
+        emit log_named_uint(string.concat(what, "_small"), small);
+        emit log_named_uint(string.concat(what, "_large"), large);
+        uint256 diff = small > large ? small - large : large - small;
+        uint256 lo = small < large ? small : large;
+        assertLe(diff * 10_000, lo * TOLERANCE_BPS, what);
+    }
+
+    function _gasRecord(uint256 poolId, WorkLedger.WorkInput[] memory b) internal returns (uint256 used) {
+        WorkLedger l = ledger;
+        vm.prank(COORD);
+        uint256 g = gasleft();
+        l.recordWork(poolId, b);
+        used = g - gasleft();
+    }
+
+    /// @dev Binds `count` nodes (keys pkBase..pkBase+count-1) to `provider` and joins them to `poolId`.
+    function _joinNodes(uint256 poolId, address provider, uint256 pkBase, uint256 count)
+        internal
+        returns (address[] memory nodes)
+    {
+        nodes = new address[](count);
+        for (uint256 i; i < count; ++i) {
+            nodes[i] = _addNode(provider, pkBase + i, 1);
+            _join(poolId, provider, pkBase + i);
+        }
+    }
+
+    /// @dev Records one record per node, in batches of at most 100; returns the keys.
+    function _recordFor(uint256 poolId, address[] memory nodes) internal returns (bytes32[] memory keys) {
+        keys = new bytes32[](nodes.length);
+        uint256 done;
+        while (done < nodes.length) {
+            uint256 n = nodes.length - done;
+            if (n > 100) n = 100;
+            WorkLedger.WorkInput[] memory b = new WorkLedger.WorkInput[](n);
+            for (uint256 i; i < n; ++i) {
+                keys[done + i] = _newKey();
+                b[i] = _work(nodes[done + i], keys[done + i], 100);
+            }
+            _record(poolId, b);
+            done += n;
+        }
+    }
+
+    function _batchFor(address[] memory nodes, uint256 count) internal returns (WorkLedger.WorkInput[] memory b) {
+        b = new WorkLedger.WorkInput[](count);
+        for (uint256 i; i < count; ++i) {
+            b[i] = _work(nodes[i % nodes.length], _newKey(), 100);
+        }
+    }
+}
+
+/// @notice recordWork, joinPool, invalidateWork and claim cost the same with 10 or 1,000 stored
+/// records and members.
+contract GasScalingTest is GasBase {
+    uint256 internal small;
+    uint256 internal large;
+    address[] internal smallNodes;
+    address[] internal largeNodes;
+    bytes32[] internal smallKeys;
+    bytes32[] internal largeKeys;
+    address[] internal smallFresh;
+    address[] internal largeFresh;
+
+    uint256 internal constant SMALL_PK = 0x10_0000;
+    uint256 internal constant LARGE_PK = 0x20_0000;
+    uint256 internal constant SMALL_N = 10;
+    uint256 internal constant LARGE_N = 1_000;
+
+    function setUp() public override {
+        super.setUp();
+        small = _createActivePool();
+        large = _createActivePool();
+        _registerProvider(ALICE, 1_000e18);
+        _registerProvider(BOB, 20_000e18);
+        _fundPool(small, 1e30);
+        _fundPool(large, 1e30);
+
+        smallNodes = _joinNodes(small, ALICE, SMALL_PK, SMALL_N);
+        largeNodes = _joinNodes(large, BOB, LARGE_PK, LARGE_N);
+        smallKeys = _recordFor(small, smallNodes);
+        largeKeys = _recordFor(large, largeNodes);
+        // Ten more members each, with no records yet.
+        smallFresh = _joinNodes(small, ALICE, SMALL_PK + SMALL_N, 10);
+        largeFresh = _joinNodes(large, BOB, LARGE_PK + LARGE_N, 10);
+        // Two bound nodes each that have not joined.
+        _addNode(ALICE, SMALL_PK + SMALL_N + 10, 1);
+        _addNode(ALICE, SMALL_PK + SMALL_N + 11, 1);
+        _addNode(BOB, LARGE_PK + LARGE_N + 10, 1);
+        _addNode(BOB, LARGE_PK + LARGE_N + 11, 1);
+    }
+
+    function test_gas_setupSizes() public view {
+        assertEq(uint256(pools.getPool(small).members), SMALL_N + 10);
+        assertEq(uint256(pools.getPool(large).members), LARGE_N + 10);
+        assertEq(uint256(ledger.poolAccount(small).recordedUnits), SMALL_N * 100);
+        assertEq(uint256(ledger.poolAccount(large).recordedUnits), LARGE_N * 100);
+    }
+
+    function test_gas_recordWork_sameWith10Or1000Records() public {
+        // Warm-up: one record on an old node of each pool.
+        _record(small, _batchFor(_one(smallNodes[0]), 1));
+        _record(large, _batchFor(_one(largeNodes[0]), 1));
+        WorkLedger.WorkInput[] memory bs = _batchFor(smallFresh, 10);
+        WorkLedger.WorkInput[] memory bl = _batchFor(largeFresh, 10);
+        uint256 gs = _gasRecord(small, bs);
+        uint256 gl = _gasRecord(large, bl);
+        _assertSameGas(gs, gl, "recordWork10");
+    }
+
+    function test_gas_joinPool_sameWith10Or1000Members() public {
+        _join(small, ALICE, SMALL_PK + SMALL_N + 10);
+        _join(large, BOB, LARGE_PK + LARGE_N + 10);
+        uint256 gs = _gasJoin(small, ALICE, SMALL_PK + SMALL_N + 11, 1_000_001);
+        uint256 gl = _gasJoin(large, BOB, LARGE_PK + LARGE_N + 11, 1_000_002);
+        assertTrue(pools.isMember(small, vm.addr(SMALL_PK + SMALL_N + 11)));
+        assertTrue(pools.isMember(large, vm.addr(LARGE_PK + LARGE_N + 11)));
+        _assertSameGas(gs, gl, "joinPool");
+    }
+
+    function test_gas_invalidate_sameWith10Or1000Records() public {
+        _invalidate(small, smallKeys[0]);
+        _invalidate(large, largeKeys[0]);
+        uint256 gs = _gasInvalidate(small, smallKeys[1]);
+        uint256 gl = _gasInvalidate(large, largeKeys[1]);
+        assertTrue(ledger.getRecord(large, largeKeys[1]).status == WorkLedger.RecordStatus.Invalidated);
+        _assertSameGas(gs, gl, "invalidateWork");
+    }
+
+    function test_gas_claim_sameWith10Or1000Records() public {
+        vm.warp(block.timestamp + WINDOW);
+        _claim(small, ALICE, smallKeys[0]);
+        _claim(large, BOB, largeKeys[0]);
+        uint256 gs = _gasClaim(small, ALICE, smallKeys[1]);
+        uint256 gl = _gasClaim(large, BOB, largeKeys[1]);
+        assertTrue(ledger.getRecord(large, largeKeys[1]).status == WorkLedger.RecordStatus.Claimed);
+        _assertSameGas(gs, gl, "claim");
+    }
+
+    function _one(address a) internal pure returns (address[] memory r) {
+        r = new address[](1);
+        r[0] = a;
+    }
+
+    function _gasJoin(uint256 poolId, address provider, uint256 nodePk, uint256 nonce) internal returns (uint256 used) {
+        address node = vm.addr(nodePk);
+        uint64 expiry = uint64(block.timestamp + 1 hours);
+        bytes memory sig = _inviteSig(COORD_PK, poolId, node, nonce, expiry);
+        PoolManager p = pools;
+        vm.prank(provider);
+        uint256 g = gasleft();
+        p.joinPool(poolId, node, nonce, expiry, sig);
+        used = g - gasleft();
+    }
+
+    function _gasInvalidate(uint256 poolId, bytes32 key) internal returns (uint256 used) {
+        WorkLedger l = ledger;
+        vm.prank(VALIDATOR);
+        uint256 g = gasleft();
+        l.invalidateWork(poolId, key, bytes32(uint256(1)));
+        used = g - gasleft();
+    }
+
+    function _gasClaim(uint256 poolId, address provider, bytes32 key) internal returns (uint256 used) {
+        WorkLedger l = ledger;
+        bytes32[] memory ks = _keys1(key);
+        vm.prank(provider);
+        uint256 g = gasleft();
+        l.claim(poolId, ks);
+        used = g - gasleft();
+    }
+}
+
+/// @notice createPool costs the same with 10 or 1,000 existing pools.
+contract GasCreatePoolTest is GasBase {
+    function test_gas_createPool_sameWith10Or1000Pools() public {
+        PoolManager.PoolParams memory p = _params();
+        PoolManager pm = pools;
+        vm.startPrank(POOL_OWNER);
+        while (pm.poolCount() < 10) pm.createPool(p);
+        uint256 g = gasleft();
+        pm.createPool(p);
+        uint256 gs = g - gasleft();
+        while (pm.poolCount() < 1_000) pm.createPool(p);
+        g = gasleft();
+        pm.createPool(p);
+        uint256 gl = g - gasleft();
+        vm.stopPrank();
+        assertEq(pm.poolCount(), 1_001);
+        _assertSameGas(gs, gl, "createPool");
+    }
+}
+
+/// @notice Gas per record of a 100-record batch (figures are logged; the bound is generous).
+contract GasPerRecordTest is GasBase {
+    uint256 internal poolId;
+    address[] internal distinct;
+    address[] internal ten;
+
+    function setUp() public override {
+        super.setUp();
+        poolId = _createActivePool();
+        _registerProvider(ALICE, 2_000e18);
+        distinct = _joinNodes(poolId, ALICE, 0x30_0000, 100);
+        ten = _joinNodes(poolId, ALICE, 0x40_0000, 10);
+    }
+
+    /// @dev Intrinsic calldata cost of a transaction carrying `data` (EIP-2028: 4 per zero byte, 16 per other).
+    function _calldataGas(bytes memory data) internal pure returns (uint256 g) {
+        for (uint256 i; i < data.length; ++i) {
+            g += data[i] == 0 ? 4 : 16;
+        }
+    }
+
+    function test_gas_perRecord_batchOf100() public {
+        // Measured in a fresh transaction: membership and record slots are cold, as on chain.
+        WorkLedger.WorkInput[] memory b1 = _batchFor(distinct, 100);
+        WorkLedger.WorkInput[] memory b2 = _batchFor(ten, 100);
+        uint256 g1 = _gasRecord(poolId, b1);
+        uint256 g2 = _gasRecord(poolId, b2);
+        uint256 perDistinct = g1 / 100;
+        uint256 perTen = g2 / 100;
+        emit log_named_uint("gas_per_record_100_distinct", perDistinct);
+        emit log_named_uint("gas_per_record_100_from_10_nodes", perTen);
+        // Whole-transaction estimate: 21,000 base + calldata + execution, per record.
+        uint256 cd = _calldataGas(abi.encodeCall(WorkLedger.recordWork, (poolId, b1)));
+        emit log_named_uint("tx_gas_per_record_est_100_distinct", (21_000 + cd + g1) / 100);
+
+        assertEq(uint256(ledger.poolAccount(poolId).recordedUnits), 200 * 100);
+        assertLt(perDistinct, 40_000, "per record, distinct nodes");
+        assertLt(perTen, 40_000, "per record, ten nodes");
+        // Repeated nodes are never dearer than distinct ones (warm membership slots).
+        assertLe(perTen, perDistinct);
+    }
+}
