@@ -1,0 +1,92 @@
+"""Gas per recorded work record, measured on a real anvil with the real contracts.
+
+Records batches of 100 with 1, 10 and 100 distinct nodes (cold storage reads cost more per node),
+then again after 1,000 records are on the ledger (gas must not grow with history), and measures
+invalidation and a 100-record claim. Ends with one JSON line.
+
+    .venv/bin/python bench/gas.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import trio
+from eth_account import Account
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from node import ops  # noqa: E402
+from node.chain import ChainClient  # noqa: E402
+from node.chain.anvil import ANVIL_KEYS, Anvil  # noqa: E402
+from node.chain.rpc import RpcClient  # noqa: E402
+from node.keys import from_hex  # noqa: E402
+from pool.deploy import TOKEN, DeployParams, deploy  # noqa: E402
+
+BATCH = 100
+NODES = 100
+TARGET = 30_000
+
+
+async def main(url: str) -> dict[str, float]:
+    admin, prov, coord, val = (from_hex(k) for k in ANVIL_KEYS[:4])
+    async with RpcClient(url) as rpc:
+        dep = await deploy(rpc, admin, DeployParams(validators=(val.address,)))
+    a = await ChainClient.connect(url, dep, admin)
+    p = await ChainClient.connect(url, dep, prov)
+    c = await ChainClient.connect(url, dep, coord)
+    v = await ChainClient.connect(url, dep, val)
+    await a.transact("IntellectToken", "mint", prov.address, 100_000 * TOKEN)
+    await a.transact("IntellectToken", "mint", admin.address, 100_000 * TOKEN)
+    pid, _ = await ops.create_pool(a, ops.PoolSpec(coord.address, "bench", "0x" + "00" * 32, 1, 3600, TOKEN, 0))
+    await a.transact("PoolManager", "startPool", pid)
+    await ops.fund_pool(a, pid, 50_000 * TOKEN)
+    await ops.register_provider(p, 20_000 * TOKEN)
+    nodes = [Account.create() for _ in range(NODES)]
+    for n in nodes:
+        await ops.add_node(p, n.address, 1, ops.node_signature(p, n, prov.address))
+        await ops.join_pool(p, await ops.make_invite(c, coord, pid, n.address, 3600))
+
+    counter = iter(range(1, 10**9))
+
+    async def batch(distinct: int) -> float:
+        items = [
+            ops.WorkItem(nodes[i % distinct].address, "0x" + f"{next(counter):064x}", 1000 + i, 7, "0x" + "ab" * 32)
+            for i in range(BATCH)
+        ]
+        (r,) = await ops.record_work(c, pid, items)
+        return r.gas_used / BATCH
+
+    # Each measurement uses nodes whose storage was never touched in that transaction before.
+    out: dict[str, float] = {}
+    out["gas_per_record_1_node"] = await batch(1)
+    out["gas_per_record_10_nodes"] = await batch(10)
+    out["gas_per_record_100_nodes"] = await batch(100)
+    while next(counter) < 1_000:
+        pass
+    for _ in range(7):
+        await batch(100)  # grow the ledger past 1,000 records
+    out["gas_per_record_10_nodes_after_1000_records"] = await batch(10)
+    first_key = "0x" + f"{1:064x}"
+    r = await ops.invalidate(v, pid, first_key, "0x" + "ee" * 32)
+    out["gas_invalidate"] = r.gas_used
+    await a.rpc.request("evm_increaseTime", [3601])
+    await a.rpc.request("evm_mine", [])
+    keys = ["0x" + f"{i:064x}" for i in range(2, 2 + BATCH)]
+    total, rs = await ops.claim(p, pid, keys)
+    out["gas_claim_per_record"] = rs[0].gas_used / BATCH
+    out["target_gas_per_record"] = TARGET
+    out["growth_ratio_after_1000_records"] = out["gas_per_record_10_nodes_after_1000_records"] / out["gas_per_record_10_nodes"]
+    for cl in (a, p, c, v):
+        await cl.aclose()
+    return out
+
+
+if __name__ == "__main__":
+    with Anvil() as anvil:
+        figures = trio.run(main, anvil.url)
+    for k, val in figures.items():
+        print(f"{k:45s} {val:12.1f}", file=sys.stderr)
+    print(json.dumps({k: round(v, 3) for k, v in figures.items()}))
