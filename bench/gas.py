@@ -11,19 +11,16 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import trio
 from eth_account import Account
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from node import ops  # noqa: E402
-from node.chain import ChainClient  # noqa: E402
-from node.chain.anvil import ANVIL_KEYS, Anvil  # noqa: E402
-from node.chain.rpc import RpcClient  # noqa: E402
-from node.keys import from_hex  # noqa: E402
-from pool.deploy import TOKEN, DeployParams, deploy  # noqa: E402
+from node import ops
+from node.chain import ChainClient
+from node.chain.anvil import ANVIL_KEYS, Anvil
+from node.chain.rpc import RpcClient
+from node.keys import from_hex
+from pool.deploy import TOKEN, DeployParams, deploy
 
 BATCH = 100
 NODES = 100
@@ -75,10 +72,12 @@ async def main(url: str) -> dict[str, float]:
     await a.rpc.request("evm_increaseTime", [3601])
     await a.rpc.request("evm_mine", [])
     keys = ["0x" + f"{i:064x}" for i in range(2, 2 + BATCH)]
-    total, rs = await ops.claim(p, pid, keys)
+    _, rs = await ops.claim(p, pid, keys)
     out["gas_claim_per_record"] = rs[0].gas_used / BATCH
     out["target_gas_per_record"] = TARGET
-    out["growth_ratio_after_1000_records"] = out["gas_per_record_10_nodes_after_1000_records"] / out["gas_per_record_10_nodes"]
+    out["growth_ratio_after_1000_records"] = (
+        out["gas_per_record_10_nodes_after_1000_records"] / out["gas_per_record_10_nodes"]
+    )
     for cl in (a, p, c, v):
         await cl.aclose()
     return out
