@@ -495,6 +495,44 @@ def pool_fund(s: Settings, pool_id: int, amount: int) -> None:
     )
 
 
+@pool_group.command("bootstrap")
+@click.argument("pool_id", type=int)
+@click.argument("peers")
+@common
+def pool_bootstrap(s: Settings, pool_id: int, peers: str) -> None:
+    """Set the pool's p2p bootstrap peers (comma-separated multiaddrs; owner)."""
+
+    async def go() -> Any:
+        async with await s.client() as c:
+            return await c.transact("PoolManager", "setBootstrap", pool_id, peers, what="bootstrap update")
+
+    r = run(go)
+    output(
+        s, _receipt(r) | {"pool": pool_id, "bootstrap": peers}, f"pool {pool_id} bootstrap peers set (tx {r.tx_hash})"
+    )
+
+
+@pool_group.command("withdraw-surplus")
+@click.argument("pool_id", type=int)
+@click.argument("amount", type=AMOUNT)
+@click.option("--to", "to", help="Recipient (default: the signing key).")
+@common
+def pool_withdraw_surplus(s: Settings, pool_id: int, amount: int, to: str | None) -> None:
+    """Take back budget not owed to pending work (owner)."""
+
+    async def go() -> Any:
+        async with await s.client() as c:
+            dest = ops.checksum(to, "recipient") if to else c.address
+            return await c.transact("WorkLedger", "withdrawSurplus", pool_id, amount, dest, what="surplus withdrawal")
+
+    r = run(go)
+    output(
+        s,
+        _receipt(r) | {"pool": pool_id, "amount": amount},
+        f"withdrew {tokens(amount)} from pool {pool_id} (tx {r.tx_hash})",
+    )
+
+
 @pool_group.command("invite")
 @click.option("--pool", "pool_id", type=int, required=True, help="Pool id.")
 @click.option("--node", required=True, help="Node address to invite.")

@@ -168,4 +168,11 @@ def _flow(url, tmp_path, monkeypatch, capsys):
     pinfo = cli.json("provider", "provider", "info")
     assert pinfo["withdrawn"] == 10 * 10**18
     assert pinfo["deposited"] == pinfo["staked"] + pinfo["unbonding"] + pinfo["withdrawn"] + pinfo["slashed"]
+    cli("admin", "pool", "bootstrap", pid, "/ip4/127.0.0.1/tcp/4001/p2p/QmX")
+    assert cli.json("admin", "pool", "info", pid)["bootstrap"] == "/ip4/127.0.0.1/tcp/4001/p2p/QmX"
+    _, err = cli("admin", "pool", "withdraw-surplus", pid, "1000", expect=1)
+    assert "not owed to pending work" in err
+    cli("admin", "pool", "withdraw-surplus", pid, "1")
+    cli("admin", "pool", "end", pid)
+    assert cli.json("admin", "pool", "info", pid)["statusName"] == "ended"
     assert cli.json("admin", "audit", "--pool", pid)["consistent"] is True
