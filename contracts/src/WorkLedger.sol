@@ -107,6 +107,7 @@ contract WorkLedger {
     error NotRecordProvider(bytes32 workKey, address provider, address caller);
     error InsufficientPoolFunds(uint256 poolId, uint256 budget, uint256 need);
     error SurplusTooLow(uint256 surplus, uint256 requested);
+    error BudgetOverflow(uint256 budget, uint256 amount);
 
     /// @param token_ Reward token.
     /// @param registry_ Provider registry; this ledger needs its `SLASHER_ROLE`.
@@ -222,7 +223,7 @@ contract WorkLedger {
         PoolAccount storage a = _accounts[poolId];
         // The budget is a uint128: refuse what would not fit instead of truncating `amount`
         // (which would take the full amount but credit only its low 128 bits).
-        require(amount <= type(uint128).max - a.budget, "WorkLedger: budget overflow");
+        if (amount > type(uint128).max - a.budget) revert BudgetOverflow(a.budget, amount);
         a.budget += uint128(amount);
         emit PoolFunded(poolId, msg.sender, amount, a.budget);
         token.safeTransferFrom(msg.sender, address(this), amount);

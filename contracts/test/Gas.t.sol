@@ -65,8 +65,8 @@ abstract contract GasBase is Fixture {
     }
 }
 
-/// @notice recordWork, joinPool, invalidateWork and claim cost the same with 10 or 1,000 stored
-/// records and members.
+/// @notice recordWork, joinPool, leavePool, ejectNode, invalidateWork and claim cost the same with 10
+/// or 1,000 stored records and members.
 contract GasScalingTest is GasBase {
     uint256 internal small;
     uint256 internal large;
@@ -150,6 +150,37 @@ contract GasScalingTest is GasBase {
         uint256 gl = _gasClaim(large, BOB, largeKeys[1]);
         assertTrue(ledger.getRecord(large, largeKeys[1]).status == WorkLedger.RecordStatus.Claimed);
         _assertSameGas(gs, gl, "claim");
+    }
+
+    function test_gas_leavePool_sameWith10Or1000Members() public {
+        vm.prank(ALICE);
+        pools.leavePool(small, smallFresh[0]);
+        vm.prank(BOB);
+        pools.leavePool(large, largeFresh[0]);
+        uint256 gs = _gasMembership(small, ALICE, smallFresh[1], false);
+        uint256 gl = _gasMembership(large, BOB, largeFresh[1], false);
+        assertEq(uint256(pools.getPool(large).members), LARGE_N + 8);
+        _assertSameGas(gs, gl, "leavePool");
+    }
+
+    function test_gas_ejectNode_sameWith10Or1000Members() public {
+        vm.prank(COORD);
+        pools.ejectNode(small, smallFresh[0]);
+        vm.prank(COORD);
+        pools.ejectNode(large, largeFresh[0]);
+        uint256 gs = _gasMembership(small, COORD, smallFresh[1], true);
+        uint256 gl = _gasMembership(large, COORD, largeFresh[1], true);
+        assertFalse(pools.isMember(large, largeFresh[1]));
+        _assertSameGas(gs, gl, "ejectNode");
+    }
+
+    function _gasMembership(uint256 poolId, address caller, address node, bool eject) internal returns (uint256 used) {
+        PoolManager p = pools;
+        vm.prank(caller);
+        uint256 g = gasleft();
+        if (eject) p.ejectNode(poolId, node);
+        else p.leavePool(poolId, node);
+        used = g - gasleft();
     }
 
     function _one(address a) internal pure returns (address[] memory r) {

@@ -147,6 +147,20 @@ contract IntellectTokenTest is Test {
         assertEq(token.DOMAIN_SEPARATOR(), expected);
     }
 
+    function test_approve_revertsForZeroSpender() public {
+        vm.expectRevert(abi.encodeWithSelector(IERC20Errors.ERC20InvalidSpender.selector, address(0)));
+        vm.prank(ALICE);
+        token.approve(address(0), 1);
+    }
+
+    function test_eip712Domain() public view {
+        (, string memory name, string memory version, uint256 chainId, address verifying,,) = token.eip712Domain();
+        assertEq(name, "Intellect");
+        assertEq(version, "1");
+        assertEq(chainId, block.chainid);
+        assertEq(verifying, address(token));
+    }
+
     function test_ownership_transferAndRenounce() public {
         vm.expectRevert(abi.encodeWithSelector(Ownable.OwnableUnauthorizedAccount.selector, ALICE));
         vm.prank(ALICE);

@@ -337,6 +337,15 @@ contract PoolManagerTest is Fixture {
         pools.joinPool(poolId, node1, 1, expiry, hex"010203");
     }
 
+    function test_joinPool_revertsForHighSSignature() public {
+        uint64 expiry = uint64(block.timestamp + 1 hours);
+        (bytes memory sig, bytes32 highS) = _highS(_inviteSig(COORD_PK, poolId, node1, 1, expiry));
+        vm.expectRevert(abi.encodeWithSelector(ECDSA.ECDSAInvalidSignatureS.selector, highS));
+        vm.prank(ALICE);
+        pools.joinPool(poolId, node1, 1, expiry, sig);
+        assertFalse(pools.isInviteUsed(poolId, 1));
+    }
+
     function test_joinPool_revertsForUnknownNode() public {
         address node3 = vm.addr(NODE3_PK);
         uint64 expiry = uint64(block.timestamp + 1 hours);
@@ -566,6 +575,14 @@ contract PoolManagerTest is Fixture {
     function test_isMember_poolZeroIsNever() public view {
         assertFalse(pools.isMember(0, node1));
         assertEq(pools.poolOf(node1), 0);
+    }
+
+    function test_eip712Domain() public view {
+        (, string memory name, string memory version, uint256 chainId, address verifying,,) = pools.eip712Domain();
+        assertEq(name, "IntellectPoolManager");
+        assertEq(version, "1");
+        assertEq(chainId, block.chainid);
+        assertEq(verifying, address(pools));
     }
 
     function test_inviteDigestAndDomain_matchEip712() public view {

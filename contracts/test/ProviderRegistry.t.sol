@@ -7,7 +7,6 @@ import {IAccessControl} from "@openzeppelin/contracts/access/IAccessControl.sol"
 import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
 import {Fixture} from "./utils/Fixture.sol";
 import {ProviderRegistry} from "../src/ProviderRegistry.sol";
-import {PoolManager} from "../src/PoolManager.sol";
 import {IPoolMembership} from "../src/interfaces/IPoolMembership.sol";
 
 contract ProviderRegistryTest is Fixture {
@@ -396,6 +395,27 @@ contract ProviderRegistryTest is Fixture {
         registry.addNode(node, 1, sig);
     }
 
+    function test_addNode_revertsForHighSSignature() public {
+        _registerProvider(ALICE, 100e18);
+        address node = vm.addr(NODE1_PK);
+        bytes memory good = _nodeSig(NODE1_PK, ALICE);
+        (bytes memory sig, bytes32 highS) = _highS(good);
+        // Raw ecrecover would accept it (same signer): the library must not.
+        assertEq(_recover(registry.nodeBindingDigest(ALICE, node), sig), node);
+        vm.expectRevert(abi.encodeWithSelector(ECDSA.ECDSAInvalidSignatureS.selector, highS));
+        vm.prank(ALICE);
+        registry.addNode(node, 1, sig);
+    }
+
+    function test_addNode_revertsForUnrecoverableSignature() public {
+        _registerProvider(ALICE, 100e18);
+        address node = vm.addr(NODE1_PK);
+        bytes memory sig = abi.encodePacked(bytes32(0), bytes32(0), uint8(27));
+        vm.expectRevert(ECDSA.ECDSAInvalidSignature.selector);
+        vm.prank(ALICE);
+        registry.addNode(node, 1, sig);
+    }
+
     function test_addNode_revertsWhenStakeTooLow() public {
         _registerProvider(ALICE, 100e18);
         _addNode(ALICE, NODE1_PK, 8);
@@ -669,6 +689,38 @@ contract ProviderRegistryTest is Fixture {
         vm.prank(VALIDATOR);
         registry.renounceRole(VALIDATOR_ROLE, VALIDATOR);
         assertFalse(registry.isValidator(VALIDATOR));
+    }
+
+    function test_roles_emitEvents() public {
+        vm.expectEmit(true, true, true, false, address(registry));
+        emit IAccessControl.RoleGranted(VALIDATOR_ROLE, CAROL, ADMIN);
+        vm.prank(ADMIN);
+        registry.grantRole(VALIDATOR_ROLE, CAROL);
+        vm.expectEmit(true, true, true, false, address(registry));
+        emit IAccessControl.RoleRevoked(VALIDATOR_ROLE, CAROL, ADMIN);
+        vm.prank(ADMIN);
+        registry.revokeRole(VALIDATOR_ROLE, CAROL);
+    }
+
+    function test_renounceRole_revertsForAnotherAccount() public {
+        vm.expectRevert(IAccessControl.AccessControlBadConfirmation.selector);
+        vm.prank(ALICE);
+        registry.renounceRole(VALIDATOR_ROLE, VALIDATOR);
+        assertTrue(registry.isValidator(VALIDATOR));
+    }
+
+    function test_supportsInterface() public view {
+        assertTrue(registry.supportsInterface(type(IAccessControl).interfaceId));
+        assertTrue(registry.supportsInterface(0x01ffc9a7)); // ERC-165
+        assertFalse(registry.supportsInterface(0xffffffff));
+    }
+
+    function test_eip712Domain() public view {
+        (, string memory name, string memory version, uint256 chainId, address verifying,,) = registry.eip712Domain();
+        assertEq(name, "IntellectProviderRegistry");
+        assertEq(version, "1");
+        assertEq(chainId, block.chainid);
+        assertEq(verifying, address(registry));
     }
 
     // ------------------------------------------------------------------ views

@@ -578,7 +578,7 @@ contract WorkLedgerTest is Fixture {
     function test_fundPool_revertsWhenBudgetWouldOverflow() public {
         uint256 huge = uint256(type(uint128).max) + 2;
         _give(CAROL, huge);
-        vm.expectRevert(abi.encodeWithSignature("Error(string)", "WorkLedger: budget overflow"));
+        vm.expectRevert(abi.encodeWithSelector(WorkLedger.BudgetOverflow.selector, BUDGET, huge));
         vm.prank(CAROL);
         ledger.fundPool(poolId, huge);
         // Topping the budget up to exactly type(uint128).max is fine.
@@ -587,7 +587,7 @@ contract WorkLedgerTest is Fixture {
         ledger.fundPool(poolId, room);
         assertEq(uint256(ledger.poolAccount(poolId).budget), type(uint128).max);
         assertEq(token.balanceOf(address(ledger)), type(uint128).max);
-        vm.expectRevert(abi.encodeWithSignature("Error(string)", "WorkLedger: budget overflow"));
+        vm.expectRevert(abi.encodeWithSelector(WorkLedger.BudgetOverflow.selector, type(uint128).max, 1));
         vm.prank(CAROL);
         ledger.fundPool(poolId, 1);
     }

@@ -133,6 +133,7 @@ def explain(err: DecodedError) -> tuple[str, str]:
             f"pool {a.get('poolId')} holds {tokens(a.get('budget', 0))}, the claim needs {tokens(a.get('need', 0))}",
             "the pool owner must fund it with `intellect-node pool fund`",
         ),
+        "BudgetOverflow": (f"funding {tokens(a.get('amount', 0))} would overflow the pool budget", "fund less"),
         "SurplusTooLow": (f"only {tokens(a.get('surplus', 0))} is not owed to pending work", "withdraw less"),
         "ERC20InsufficientBalance": (
             f"token balance too low: {tokens(a.get('balance', 0))} held, {tokens(a.get('needed', 0))} needed",

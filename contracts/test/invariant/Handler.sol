@@ -170,13 +170,60 @@ contract Handler is TestBase {
 
     function _pickRec(uint256 seed) internal view returns (bytes32 id, bool found) {
         if (recIds.length == 0) return (bytes32(0), false);
-        return (recIds[seed % recIds.length], true);
+        uint256 start = seed % recIds.length;
+        if (_guided(seed)) {
+            for (uint256 j; j < recIds.length; ++j) {
+                bytes32 cand = recIds[(start + j) % recIds.length];
+                if (recs[cand].status == WorkLedger.RecordStatus.Pending) return (cand, true);
+            }
+        }
+        return (recIds[start], true);
+    }
+
+    /// @dev Three calls in four (by the seed's high bits, so small hand-written seeds are never
+    /// guided) pick a target the model says the action can succeed on; the rest take the seed as is,
+    /// which exercises the failure paths.
+    function _guided(uint256 seed) internal pure returns (bool) {
+        return (seed >> 128) % 4 != 0;
+    }
+
+    uint8 internal constant UNBOUND = 0;
+    uint8 internal constant IDLE = 1;
+    uint8 internal constant MEMBER = 2;
+
+    /// @dev The node key for `seed`; when guided, the first node from there in the wanted state.
+    function _pickNode(uint256 seed, uint8 kind, uint256 poolId) internal view returns (uint256) {
+        uint256 start = seed % N_NODES;
+        if (_guided(seed)) {
+            for (uint256 j; j < N_NODES; ++j) {
+                uint256 pk = NODE_PK_BASE + (start + j) % N_NODES;
+                address a = vm.addr(pk);
+                bool hit;
+                if (kind == UNBOUND) hit = gNodeProvider[a] == address(0);
+                else if (kind == IDLE) hit = gNodeProvider[a] != address(0) && gPoolOf[a] == 0;
+                else hit = gPoolOf[a] != 0 && (poolId == 0 || gPoolOf[a] == poolId);
+                if (hit) return pk;
+            }
+        }
+        return NODE_PK_BASE + start;
+    }
+
+    /// @dev The actor for `seed`; when guided, the first one from there that is (or is not) registered.
+    function _pickActor(uint256 seed, bool registered) internal view returns (address) {
+        uint256 start = seed % providers.length;
+        if (_guided(seed)) {
+            for (uint256 j; j < providers.length; ++j) {
+                address a = providers[(start + j) % providers.length];
+                if (gRegistered[a] == registered) return a;
+            }
+        }
+        return providers[start];
     }
 
     // ------------------------------------------------------------------ providers
 
     function register(uint256 actorSeed, uint256 amount) external synced {
-        address p = _actor(actorSeed);
+        address p = _pickActor(actorSeed, false);
         amount = bound(amount, 0, 1_000e18);
         bool expected = !gRegistered[p] && amount != 0 && amount >= registry.minProviderStake();
         vm.prank(p);
@@ -191,7 +238,7 @@ contract Handler is TestBase {
     }
 
     function stake(uint256 actorSeed, uint256 amount) external synced {
-        address p = _actor(actorSeed);
+        address p = _pickActor(actorSeed, true);
         amount = bound(amount, 0, 500e18);
         bool expected = gRegistered[p] && amount != 0;
         vm.prank(p);
@@ -205,7 +252,7 @@ contract Handler is TestBase {
     }
 
     function unstake(uint256 actorSeed, uint256 amount) external synced {
-        address p = _actor(actorSeed);
+        address p = _pickActor(actorSeed, true);
         amount = bound(amount, 0, gStaked[p] + 10e18);
         uint256 need = gComputeUnits[p] * registry.stakePerComputeUnit();
         bool expected = gRegistered[p] && amount != 0 && amount <= gStaked[p] && gStaked[p] - amount >= need;
@@ -221,7 +268,7 @@ contract Handler is TestBase {
     }
 
     function withdraw(uint256 actorSeed) external synced {
-        address p = _actor(actorSeed);
+        address p = _pickActor(actorSeed, true);
         bool expected = gRegistered[p] && gUnbonding[p] != 0 && time >= gUnbondingEnd[p];
         uint256 before = token.balanceOf(p);
         vm.prank(p);
@@ -238,8 +285,8 @@ contract Handler is TestBase {
     // ------------------------------------------------------------------ nodes
 
     function addNode(uint256 actorSeed, uint256 nodeSeed, uint64 cu) external synced {
-        address p = _actor(actorSeed);
-        uint256 pk = _nodePk(nodeSeed);
+        address p = _pickActor(actorSeed, true);
+        uint256 pk = _pickNode(nodeSeed, UNBOUND, 0);
         address node = vm.addr(pk);
         cu = uint64(bound(cu, 1, 3));
         bytes memory sig = _sign(pk, registry.nodeBindingDigest(p, node));
@@ -257,7 +304,7 @@ contract Handler is TestBase {
     }
 
     function removeNode(uint256 nodeSeed) external synced {
-        address node = vm.addr(_nodePk(nodeSeed));
+        address node = vm.addr(_pickNode(nodeSeed, IDLE, 0));
         address p = gNodeProvider[node];
         address caller = p == address(0) ? _actor(nodeSeed) : p;
         bool expected = p != address(0) && gPoolOf[node] == 0;
@@ -275,7 +322,7 @@ contract Handler is TestBase {
     // ------------------------------------------------------------------ membership
 
     function joinPool(uint256 nodeSeed, uint256 poolSeed) external synced {
-        uint256 pk = _nodePk(nodeSeed);
+        uint256 pk = _pickNode(nodeSeed, IDLE, 0);
         address node = vm.addr(pk);
         uint256 i = poolSeed % 2;
         uint256 poolId = poolIds[i];
@@ -296,7 +343,7 @@ contract Handler is TestBase {
     }
 
     function leavePool(uint256 nodeSeed, uint256 poolSeed) external synced {
-        address node = vm.addr(_nodePk(nodeSeed));
+        address node = vm.addr(_pickNode(nodeSeed, MEMBER, 0));
         address p = gNodeProvider[node];
         address caller = p == address(0) ? _actor(nodeSeed) : p;
         uint256 poolId = gPoolOf[node] != 0 ? gPoolOf[node] : poolIds[poolSeed % 2];
@@ -311,9 +358,9 @@ contract Handler is TestBase {
     }
 
     function ejectNode(uint256 nodeSeed, uint256 poolSeed) external synced {
-        address node = vm.addr(_nodePk(nodeSeed));
         uint256 i = poolSeed % 2;
         uint256 poolId = poolIds[i];
+        address node = vm.addr(_pickNode(nodeSeed, MEMBER, poolId));
         bool expected = gPoolOf[node] == poolId;
         vm.prank(coords[i]);
         try pools.ejectNode(poolId, node) {
@@ -424,45 +471,83 @@ contract Handler is TestBase {
         }
     }
 
+    struct Slash {
+        uint256 fromUnbonding;
+        uint256 fromStaked;
+        uint256 bounty;
+        uint256 validatorBefore;
+        uint256 treasuryBefore;
+    }
+
     function invalidateWork(uint256 recSeed, bytes32 evidence) external synced {
         (bytes32 id, bool found) = _pickRec(recSeed);
+        if (found) _invalidate(id, evidence);
+    }
+
+    /// @dev Moves the clock to one second before, at, or one second after a record's deadline (if
+    /// that is not in the past), then tries both to invalidate and to claim it, in either order.
+    function settleAtDeadline(uint256 recSeed, uint256 delta, bool claimFirst) external {
+        (bytes32 id, bool found) = _pickRec(recSeed);
         if (!found) return;
+        uint256 target = recs[id].deadline + (delta % 3) - 1;
+        if (target > time) time = target;
+        vm.warp(time);
+        if (claimFirst) {
+            _claimRec(id);
+            _invalidate(id, bytes32(delta));
+        } else {
+            _invalidate(id, bytes32(delta));
+            _claimRec(id);
+        }
+    }
+
+    function _invalidate(bytes32 id, bytes32 evidence) internal {
         Rec storage r = recs[id];
         bool expected = r.status == WorkLedger.RecordStatus.Pending && time < r.deadline;
-        // Expected slash: unbonding first, then staked; bounty min(slashed * bps / 1e4, maxBounty).
-        uint256 amount = pools.poolTerms(r.poolId).slashAmount;
-        address p = r.provider;
-        uint256 fromU = amount < gUnbonding[p] ? amount : gUnbonding[p];
-        uint256 fromS = amount - fromU < gStaked[p] ? amount - fromU : gStaked[p];
-        uint256 slashed = fromU + fromS;
-        uint256 bounty = slashed * bountyBps / 10_000;
-        if (bounty > maxBounty) bounty = maxBounty;
-        uint256 vBefore = token.balanceOf(validator);
-        uint256 tBefore = token.balanceOf(treasury);
-
+        Slash memory sl = _expectedSlash(r.provider, pools.poolTerms(r.poolId).slashAmount);
         vm.prank(validator);
         try ledger.invalidateWork(r.poolId, r.workKey, evidence) {
             _check(expected, true, "invalidateWork");
-            if (time >= r.deadline) invalidationsAtOrAfterDeadline++;
-            r.invalidations++;
-            r.status = WorkLedger.RecordStatus.Invalidated;
-            gPendingUnits[r.poolId] -= r.units;
-            gInvalidatedUnits[r.poolId] += r.units;
-            gUnbonding[p] -= fromU;
-            gStaked[p] -= fromS;
-            gSlashed[p] += slashed;
-            gTotalSlashed += slashed;
-            gTotalBounty += bounty;
-            if (token.balanceOf(validator) - vBefore != bounty) paymentMismatches++;
-            if (token.balanceOf(treasury) - tBefore != slashed - bounty) paymentMismatches++;
+            _applyInvalidation(r, sl);
         } catch {
             _check(expected, false, "invalidateWork");
         }
     }
 
+    /// @dev The model's slash: unbonding first, then staked; bounty min(slashed * bps / 1e4, maxBounty).
+    function _expectedSlash(address p, uint256 amount) internal view returns (Slash memory sl) {
+        sl.fromUnbonding = amount < gUnbonding[p] ? amount : gUnbonding[p];
+        uint256 rest = amount - sl.fromUnbonding;
+        sl.fromStaked = rest < gStaked[p] ? rest : gStaked[p];
+        sl.bounty = (sl.fromUnbonding + sl.fromStaked) * bountyBps / 10_000;
+        if (sl.bounty > maxBounty) sl.bounty = maxBounty;
+        sl.validatorBefore = token.balanceOf(validator);
+        sl.treasuryBefore = token.balanceOf(treasury);
+    }
+
+    function _applyInvalidation(Rec storage r, Slash memory sl) internal {
+        if (time >= r.deadline) invalidationsAtOrAfterDeadline++;
+        r.invalidations++;
+        r.status = WorkLedger.RecordStatus.Invalidated;
+        gPendingUnits[r.poolId] -= r.units;
+        gInvalidatedUnits[r.poolId] += r.units;
+        address p = r.provider;
+        uint256 slashed = sl.fromUnbonding + sl.fromStaked;
+        gUnbonding[p] -= sl.fromUnbonding;
+        gStaked[p] -= sl.fromStaked;
+        gSlashed[p] += slashed;
+        gTotalSlashed += slashed;
+        gTotalBounty += sl.bounty;
+        if (token.balanceOf(validator) - sl.validatorBefore != sl.bounty) paymentMismatches++;
+        if (token.balanceOf(treasury) - sl.treasuryBefore != slashed - sl.bounty) paymentMismatches++;
+    }
+
     function claim(uint256 recSeed) external synced {
         (bytes32 id, bool found) = _pickRec(recSeed);
-        if (!found) return;
+        if (found) _claimRec(id);
+    }
+
+    function _claimRec(bytes32 id) internal {
         Rec storage r = recs[id];
         uint256 reward = uint256(r.units) * _rate(r.poolId);
         bool expected = r.status == WorkLedger.RecordStatus.Pending && time >= r.deadline && reward <= _budget(r.poolId);
@@ -517,10 +602,11 @@ contract Handler is TestBase {
     function setBounty(uint16 bps, uint256 cap) external synced {
         bps = uint16(bound(bps, 0, 5_000));
         cap = cap % 3 == 0 ? type(uint256).max : bound(cap, 0, 10e18);
+        uint64 period = registry.unbondingPeriod();
+        uint256 perUnit = registry.stakePerComputeUnit();
+        uint256 minStake = registry.minProviderStake();
         vm.prank(admin);
-        try registry.setParameters(
-            registry.unbondingPeriod(), registry.stakePerComputeUnit(), registry.minProviderStake(), bps, cap
-        ) {
+        try registry.setParameters(period, perUnit, minStake, bps, cap) {
             _check(true, true, "setBounty");
             bountyBps = bps;
             maxBounty = cap;

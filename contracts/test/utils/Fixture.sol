@@ -81,6 +81,24 @@ abstract contract Fixture is Test {
         return abi.encodePacked(r, s, v);
     }
 
+    uint256 internal constant SECP256K1_N =
+        115792089237316195423570985008687907852837564279074904382605163141518161494337;
+
+    /// @dev The same signature in its malleable high-s form (s' = n - s, v flipped): it recovers the
+    /// same signer through raw ecrecover, but OpenZeppelin's ECDSA must refuse it.
+    function _highS(bytes memory sig) internal pure returns (bytes memory, bytes32 highS) {
+        bytes32 r;
+        bytes32 s;
+        uint8 v;
+        assembly {
+            r := mload(add(sig, 0x20))
+            s := mload(add(sig, 0x40))
+            v := byte(0, mload(add(sig, 0x60)))
+        }
+        highS = bytes32(SECP256K1_N - uint256(s));
+        return (abi.encodePacked(r, highS, v == 27 ? uint8(28) : uint8(27)), highS);
+    }
+
     /// @dev ecrecover of a 65-byte (r, s, v) signature, to name the signer an error will report.
     function _recover(bytes32 digest, bytes memory sig) internal pure returns (address) {
         bytes32 r;

@@ -1,0 +1,368 @@
+// SPDX-License-Identifier: MIT
+pragma solidity ^0.8.24;
+
+import {Fixture} from "../utils/Fixture.sol";
+import {Handler} from "./Handler.sol";
+import {ProviderRegistry} from "../../src/ProviderRegistry.sol";
+import {PoolManager} from "../../src/PoolManager.sol";
+import {WorkLedger} from "../../src/WorkLedger.sol";
+
+/// @notice Deployment, handler and the invariant checks, shared by the campaign and the smoke test.
+abstract contract InvariantsBase is Fixture {
+    Handler internal handler;
+    address[] internal actors;
+    uint256[2] internal poolIdsArr;
+
+    uint256 internal constant T0 = 1_700_000_000;
+    uint256 internal constant COORD1_PK = 0xC001;
+    uint256 internal constant COORD2_PK = 0xC002;
+    address internal constant DAVE = address(0xDA);
+
+    function setUp() public virtual override {
+        super.setUp();
+        vm.warp(T0);
+        // A shorter unbonding period and a binding bounty cap, so a campaign reaches both.
+        vm.prank(ADMIN);
+        registry.setParameters(2 days, STAKE_PER_CU, MIN_STAKE, 1_000, 3e18);
+
+        PoolManager.PoolParams memory p = _params();
+        p.coordinator = vm.addr(COORD1_PK);
+        p.validationWindow = 1 hours;
+        p.rewardRate = 1e12;
+        p.slashAmount = 50e18;
+        p.minStake = 100e18;
+        poolIdsArr[0] = _createActivePool(p);
+        p.coordinator = vm.addr(COORD2_PK);
+        p.validationWindow = 1 days;
+        p.rewardRate = 3e12;
+        p.slashAmount = 20e18;
+        p.minStake = 300e18;
+        poolIdsArr[1] = _createActivePool(p);
+
+        actors = [ALICE, BOB, CAROL, DAVE];
+        for (uint256 i; i < actors.length; ++i) {
+            _give(actors[i], 1e24);
+        }
+        _give(FUNDER, 1e30);
+
+        handler = new Handler(
+            Handler.Setup({
+                token: token,
+                registry: registry,
+                pools: pools,
+                ledger: ledger,
+                admin: ADMIN,
+                treasury: TREASURY,
+                validator: VALIDATOR,
+                poolOwner: POOL_OWNER,
+                funder: FUNDER,
+                outsider: STRANGER,
+                providers: actors,
+                poolIds: poolIdsArr,
+                coordPks: [COORD1_PK, COORD2_PK]
+            })
+        );
+        // Seed budgets through the handler so its ghosts see them.
+        handler.fundPool(0, 1e21);
+        handler.fundPool(1, 1e21);
+
+        targetContract(address(handler));
+        bytes4[] memory sels = new bytes4[](21);
+        sels[0] = Handler.register.selector;
+        sels[1] = Handler.stake.selector;
+        sels[2] = Handler.unstake.selector;
+        sels[3] = Handler.withdraw.selector;
+        sels[4] = Handler.addNode.selector;
+        sels[5] = Handler.removeNode.selector;
+        sels[6] = Handler.joinPool.selector;
+        sels[7] = Handler.leavePool.selector;
+        sels[8] = Handler.ejectNode.selector;
+        sels[9] = Handler.blacklistNode.selector;
+        sels[10] = Handler.recordWork.selector;
+        sels[11] = Handler.recordDuplicate.selector;
+        sels[12] = Handler.invalidateWork.selector;
+        sels[13] = Handler.claim.selector;
+        sels[14] = Handler.fundPool.selector;
+        sels[15] = Handler.withdrawSurplus.selector;
+        sels[16] = Handler.setBounty.selector;
+        sels[17] = Handler.warp.selector;
+        sels[18] = Handler.warpToDeadline.selector;
+        sels[19] = Handler.tryUnauthorized.selector;
+        sels[20] = Handler.settleAtDeadline.selector;
+        targetSelector(FuzzSelector({addr: address(handler), selectors: sels}));
+    }
+
+    /// @dev A populated start (through the handler, so its model sees everything): four registered
+    /// providers, eight bound nodes, six of them in the two pools, and two batches of work.
+    function _prepopulate() internal {
+        for (uint256 i; i < 4; ++i) {
+            handler.register(i, 500e18 + i * 100e18);
+        }
+        for (uint256 n; n < 8; ++n) {
+            handler.addNode(n % 4, n, 1);
+        }
+        for (uint256 n; n < 6; ++n) {
+            handler.joinPool(n, n % 2);
+        }
+        handler.recordWork(0, 0, 4, 11);
+        handler.recordWork(1, 0, 4, 12);
+        require(handler.recCount() == 6 && handler.outcomeMismatches() == 0, "prepopulate");
+    }
+
+    // ------------------------------------------------------------------ stake
+
+    /// @dev Per provider: deposited == staked + unbonding + withdrawn + slashed, and every field
+    /// equals the handler's independent model.
+    function _check_stakeConservationPerProvider() internal view {
+        for (uint256 i; i < actors.length; ++i) {
+            address a = actors[i];
+            ProviderRegistry.Provider memory p = registry.getProvider(a);
+            assertEq(p.deposited, p.staked + p.unbonding + p.withdrawn + p.slashed, "deposited split");
+            assertEq(p.registered, handler.gRegistered(a), "registered");
+            assertEq(p.deposited, handler.gDeposited(a), "deposited");
+            assertEq(p.staked, handler.gStaked(a), "staked");
+            assertEq(p.unbonding, handler.gUnbonding(a), "unbonding");
+            assertEq(p.withdrawn, handler.gWithdrawn(a), "withdrawn");
+            assertEq(p.slashed, handler.gSlashed(a), "slashed");
+            assertEq(uint256(p.computeUnits), handler.gComputeUnits(a), "compute units");
+            if (p.unbonding != 0) assertEq(uint256(p.unbondingEnd), handler.gUnbondingEnd(a), "unbonding end");
+        }
+    }
+
+    /// @dev In total: the registry holds exactly totalStaked + totalUnbonding, the totals are the sums
+    /// over providers, and every slashed token went to the treasury or a validator.
+    function _check_stakeConservationTotal() internal view {
+        uint256 staked;
+        uint256 unbonding;
+        uint256 deposited;
+        uint256 out;
+        for (uint256 i; i < actors.length; ++i) {
+            ProviderRegistry.Provider memory p = registry.getProvider(actors[i]);
+            staked += p.staked;
+            unbonding += p.unbonding;
+            deposited += p.deposited;
+            out += p.withdrawn + p.slashed;
+        }
+        assertEq(registry.totalStaked(), staked, "totalStaked");
+        assertEq(registry.totalUnbonding(), unbonding, "totalUnbonding");
+        assertEq(token.balanceOf(address(registry)), staked + unbonding, "registry balance");
+        assertEq(deposited, staked + unbonding + out, "deposits");
+        assertEq(token.balanceOf(TREASURY) + token.balanceOf(VALIDATOR), handler.gTotalSlashed(), "slash proceeds");
+        assertEq(token.balanceOf(VALIDATOR), handler.gTotalBounty(), "bounties");
+    }
+
+    /// @dev No token is created or lost: the holders' balances add up to the supply.
+    function _check_tokenSupplyAccountedFor() internal view {
+        uint256 sum = token.balanceOf(address(registry)) + token.balanceOf(address(ledger)) + token.balanceOf(TREASURY)
+            + token.balanceOf(VALIDATOR) + token.balanceOf(FUNDER) + token.balanceOf(POOL_OWNER)
+            + token.balanceOf(STRANGER);
+        for (uint256 i; i < actors.length; ++i) {
+            sum += token.balanceOf(actors[i]);
+        }
+        assertEq(sum, token.totalSupply(), "supply");
+    }
+
+    // ------------------------------------------------------------------ deadlines and settlement
+
+    function _check_noClaimBeforeDeadline() internal view {
+        assertEq(handler.claimsBeforeDeadline(), 0, "claim before deadline");
+    }
+
+    function _check_noInvalidationAtOrAfterDeadline() internal view {
+        assertEq(handler.invalidationsAtOrAfterDeadline(), 0, "invalidation at/after deadline");
+    }
+
+    /// @dev Each record is recorded once, paid at most once, invalidated at most once, never both;
+    /// the ledger's stored record matches the model.
+    function _check_noRecordSettledTwice() internal view {
+        uint256 n = handler.recCount();
+        for (uint256 i; i < n; ++i) {
+            Handler.Rec memory g = handler.recAt(i);
+            assertEq(uint256(g.recordings), 1, "recorded twice");
+            assertLe(g.claims, 1, "claimed twice");
+            assertLe(g.invalidations, 1, "invalidated twice");
+            assertLe(uint256(g.claims) + g.invalidations, 1, "claimed and invalidated");
+            WorkLedger.Record memory r = ledger.getRecord(g.poolId, g.workKey);
+            assertTrue(r.status == g.status, "status");
+            assertEq(r.provider, g.provider, "provider");
+            assertEq(uint256(r.deadline), g.deadline, "deadline");
+            assertEq(uint256(r.units), uint256(g.units), "units");
+            if (g.claims == 1) assertTrue(r.status == WorkLedger.RecordStatus.Claimed, "claimed status");
+            if (g.invalidations == 1) assertTrue(r.status == WorkLedger.RecordStatus.Invalidated, "invalid status");
+        }
+    }
+
+    // ------------------------------------------------------------------ access control
+
+    function _check_onlyAuthorizedCallers() internal view {
+        assertEq(handler.unauthorizedSuccesses(), 0, "a wrong caller succeeded");
+        assertEq(handler.unexpectedRoleReverts(), 0, "a wrong caller failed for another reason");
+    }
+
+    // ------------------------------------------------------------------ ledger accounting
+
+    function _check_ledgerPoolAccounting() internal view {
+        uint256 budgets;
+        for (uint256 i; i < 2; ++i) {
+            uint256 id = poolIdsArr[i];
+            WorkLedger.PoolAccount memory a = ledger.poolAccount(id);
+            assertEq(
+                uint256(a.budget) + a.claimedTokens,
+                handler.gFunded(id) - handler.gSurplusWithdrawn(id),
+                "budget + claimed == funded - withdrawn"
+            );
+            assertEq(
+                uint256(a.recordedUnits),
+                uint256(a.pendingUnits) + a.invalidatedUnits + a.claimedUnits,
+                "recorded == pending + invalidated + claimed"
+            );
+            assertEq(uint256(a.recordedUnits), handler.gRecordedUnits(id), "recorded");
+            assertEq(uint256(a.pendingUnits), handler.gPendingUnits(id), "pending");
+            assertEq(uint256(a.invalidatedUnits), handler.gInvalidatedUnits(id), "invalidated");
+            assertEq(uint256(a.claimedUnits), handler.gClaimedUnits(id), "claimed units");
+            assertEq(uint256(a.claimedTokens), handler.gClaimedTokens(id), "claimed tokens");
+            budgets += a.budget;
+        }
+        assertEq(token.balanceOf(address(ledger)), budgets, "ledger balance == budgets");
+    }
+
+    // ------------------------------------------------------------------ model agreement
+
+    /// @dev Every call succeeded exactly when the model said it should, and paid what it should.
+    function _check_callsMatchModel() internal view {
+        assertEq(handler.outcomeMismatches(), 0, handler.lastMismatch());
+        assertEq(handler.paymentMismatches(), 0, "payment");
+    }
+
+    /// @dev Membership agrees with the model and only bound nodes are members.
+    function _check_membershipMatchesModel() internal view {
+        for (uint256 i; i < 12; ++i) {
+            address node = vm.addr(0xA000 + i);
+            assertEq(pools.poolOf(node), handler.gPoolOf(node), "poolOf");
+            assertEq(registry.providerOf(node), handler.gNodeProvider(node), "providerOf");
+            if (pools.poolOf(node) != 0) assertTrue(registry.providerOf(node) != address(0), "member unbound");
+        }
+    }
+}
+
+/// @notice Protocol invariants under random sequences of register/stake/unstake/withdraw/addNode/
+/// removeNode/join/leave/eject/blacklist/record/invalidate/claim/fund/withdrawSurplus/warp and calls
+/// from wrong accounts, driven by `Handler` (see its ghost variables).
+contract InvariantsTest is InvariantsBase {
+    function setUp() public override {
+        super.setUp();
+        _prepopulate();
+    }
+
+    function invariant_stakeConservationPerProvider() public view {
+        _check_stakeConservationPerProvider();
+    }
+
+    function invariant_stakeConservationTotal() public view {
+        _check_stakeConservationTotal();
+    }
+
+    function invariant_tokenSupplyAccountedFor() public view {
+        _check_tokenSupplyAccountedFor();
+    }
+
+    function invariant_noClaimBeforeDeadline() public view {
+        _check_noClaimBeforeDeadline();
+    }
+
+    function invariant_noInvalidationAtOrAfterDeadline() public view {
+        _check_noInvalidationAtOrAfterDeadline();
+    }
+
+    function invariant_noRecordSettledTwice() public view {
+        _check_noRecordSettledTwice();
+    }
+
+    function invariant_onlyAuthorizedCallers() public view {
+        _check_onlyAuthorizedCallers();
+    }
+
+    function invariant_ledgerPoolAccounting() public view {
+        _check_ledgerPoolAccounting();
+    }
+
+    function invariant_callsMatchModel() public view {
+        _check_callsMatchModel();
+    }
+
+    function invariant_membershipMatchesModel() public view {
+        _check_membershipMatchesModel();
+    }
+}
+
+/// @notice Runs the handler through a fixed script, to show that every action can succeed (so the
+/// random campaigns are not vacuous) and that the ghosts stay consistent.
+contract HandlerSmokeTest is InvariantsBase {
+    function test_handler_exercisesEveryAction() public {
+        handler.register(0, 1_000e18); // ALICE
+        handler.register(1, 1_000e18); // BOB
+        handler.stake(0, 100e18);
+        handler.addNode(0, 0, 1); // node 0 -> ALICE
+        handler.addNode(1, 1, 2); // node 1 -> BOB
+        handler.addNode(0, 2, 1); // node 2 -> ALICE
+        handler.joinPool(0, 0); // node 0 -> pool 1
+        handler.joinPool(1, 1); // node 1 -> pool 2
+        handler.joinPool(2, 0); // node 2 -> pool 1
+        handler.recordWork(0, 0, 2, 1); // pool 1: nodes 0 and 2
+        handler.recordWork(1, 1, 1, 2); // pool 2: node 1
+        handler.recordDuplicate(0, 0);
+        assertEq(handler.recCount(), 3);
+        handler.invalidateWork(0, bytes32("bad"));
+        handler.warpToDeadline(1, 2); // one second after record 1's deadline
+        handler.claim(1);
+        handler.invalidateWork(1, bytes32("late")); // refused: already claimed
+        handler.warp(2 days);
+        handler.claim(2);
+        handler.leavePool(2, 0);
+        handler.removeNode(2);
+        handler.ejectNode(1, 1);
+        handler.blacklistNode(0, 0); // node 0 blacklisted from pool 1
+        handler.unstake(1, 10e18);
+        handler.warp(3 days);
+        handler.withdraw(1);
+        handler.fundPool(0, 5e18);
+        handler.withdrawSurplus(0, 1e18);
+        handler.setBounty(5_000, 1);
+        handler.recordWork(1, 1, 1, 3); // pool 2: node 1 is out (ejected), nothing recorded
+        handler.joinPool(3, 1);
+        handler.addNode(1, 3, 1); // node 3 -> BOB
+        handler.joinPool(3, 1); // node 3 -> pool 2
+        handler.recordWork(1, 3, 1, 4);
+        assertEq(handler.recCount(), 4);
+        handler.settleAtDeadline(3, 0, true); // one second before: claim refused, invalidation accepted
+        assertTrue(handler.recAt(3).status == WorkLedger.RecordStatus.Invalidated);
+        handler.recordWork(1, 3, 1, 5);
+        handler.settleAtDeadline(4, 1, false); // at the deadline: invalidation refused, claim accepted
+        assertTrue(handler.recAt(4).status == WorkLedger.RecordStatus.Claimed);
+        for (uint256 w; w < 15; ++w) {
+            handler.tryUnauthorized(w, w, w);
+        }
+
+        string[16] memory names = [
+            "register", "stake", "unstake", "withdraw", "addNode", "removeNode", "joinPool", "leavePool",
+            "ejectNode", "blacklistNode", "recordWork", "invalidateWork", "claim", "fundPool",
+            "withdrawSurplus", "setBounty"
+        ];
+        for (uint256 i; i < names.length; ++i) {
+            assertGt(handler.successCount(names[i]), 0, names[i]);
+        }
+        assertGt(handler.unauthorizedAttempts(), 10);
+        assertEq(handler.successCount("recordDuplicate"), 0);
+
+        _check_stakeConservationPerProvider();
+        _check_stakeConservationTotal();
+        _check_tokenSupplyAccountedFor();
+        _check_noClaimBeforeDeadline();
+        _check_noInvalidationAtOrAfterDeadline();
+        _check_noRecordSettledTwice();
+        _check_onlyAuthorizedCallers();
+        _check_ledgerPoolAccounting();
+        _check_callsMatchModel();
+        _check_membershipMatchesModel();
+    }
+}
