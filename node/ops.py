@@ -257,16 +257,20 @@ async def record(c: ChainClient, pool_id: int, work_key: str) -> dict[str, Any]:
 
 
 async def claimable_keys(c: ChainClient, pool_id: int, provider: str) -> list[str]:
-    """Work keys of `provider` in `pool_id` that are final and unclaimed, from events + current state."""
+    """Work keys of `provider` in `pool_id` that are final and unclaimed, from the pool's events
+    (the audit's replay) and the chain's current time: two RPC calls however long the history."""
+    from .audit import rebuild
+
     provider = checksum(provider)
     topic_pool = "0x" + pool_id.to_bytes(32, "big").hex()
     events = await c.events(["WorkLedger"], topics=[None, topic_pool])
-    keys = [e.args["workKey"] for e in events if e.name == "WorkRecorded" and e.args["provider"] == provider]
-    out = []
-    for k in keys:
-        if await c.call("WorkLedger", "isClaimable", pool_id, k):
-            out.append(k)
-    return out
+    now = await c.timestamp()
+    ledger = rebuild(pool_id, events, [], {})
+    return [
+        r.work_key
+        for r in ledger.records.values()
+        if r.provider == provider and r.status == "pending" and 0 <= r.deadline <= now
+    ]
 
 
 async def claim(c: ChainClient, pool_id: int, keys: Sequence[str] | None = None) -> tuple[int, list[Receipt]]:

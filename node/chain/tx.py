@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -258,5 +258,3 @@ class TxSender:
             return ChainError(f"{what}: transaction {receipt.tx_hash} ran out of gas ({tx['gas']})")
         return ChainError(f"{what}: transaction {receipt.tx_hash} reverted on chain")
 
-
-Sender = Callable[..., Awaitable[Receipt]]
