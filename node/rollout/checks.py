@@ -1,0 +1,235 @@
+"""Rollout checks that TOPLOC cannot make: TOPLOC proves which model computed the hidden states, but
+not how tokens were sampled from them. From the validator's own prefill these checks decide whether
+every sampled token was possible under the claimed sampling parameters, whether the reported
+logprobs are the model's, whether the temperature matches statistically, whether the completion
+ended honestly, and whether the claimed reward is the task's.
+
+Pure functions over tensors and lists; each returns a `Verdict` with a reason code.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import torch
+
+
+class Reason(StrEnum):
+    OK = "ok"
+    PROOF_MALFORMED = "proof_malformed"
+    TOPLOC_EXPONENT = "toploc_exponent_mismatch"
+    TOPLOC_MANTISSA = "toploc_mantissa_error"
+    TOPLOC_SIGN = "toploc_sign_mismatch"
+    PROMPT_MISMATCH = "prompt_mismatch"
+    TOKEN_OUT_OF_VOCAB = "token_out_of_vocab"
+    TOKEN_NOT_GREEDY = "token_not_greedy"
+    TOKEN_OUTSIDE_TOP_K = "token_outside_top_k"
+    TOKEN_OUTSIDE_TOP_P = "token_outside_top_p"
+    LOGPROB_MISMATCH = "logprob_mismatch"
+    TEMPERATURE_MISMATCH = "temperature_mismatch"
+    BAD_TERMINATION = "bad_termination"
+    TOO_LONG = "too_long"
+    REWARD_MISMATCH = "reward_mismatch"
+    MALFORMED = "malformed_rollout"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    reason: Reason
+    detail: str = ""
+    figures: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is Reason.OK
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["reason"] = str(self.reason)
+        return d
+
+
+OK = Verdict(Reason.OK)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 256
+
+
+@dataclass(frozen=True)
+class SamplingTolerances:
+    """Slack for numeric differences between the worker's and the validator's kernels; calibrated
+    per model (see `node.calibrate`)."""
+
+    logprob_max_abs: float = 0.05
+    top_p_slack: float = 0.02
+    greedy_logprob_slack: float = 0.05
+    temperature_z_max: float = 6.0
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SamplingTolerances:
+        return cls(**{k: float(v) for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+# ------------------------------------------------------------------------------------ termination
+
+
+def check_termination(tokens: list[int], finish_reason: str, max_tokens: int, stop_ids: set[int]) -> Verdict:
+    """A completion ends with a stop token ("stop") or at exactly max_tokens ("length"); a stop
+    token anywhere before the end means text was appended after the model stopped."""
+    n = len(tokens)
+    if n == 0:
+        return Verdict(Reason.BAD_TERMINATION, "empty completion")
+    if n > max_tokens:
+        return Verdict(Reason.TOO_LONG, f"{n} tokens, max_tokens is {max_tokens}")
+    early = [i for i, t in enumerate(tokens[:-1]) if t in stop_ids]
+    if early:
+        return Verdict(Reason.BAD_TERMINATION, f"stop token at position {early[0]} before the end")
+    if finish_reason == "stop":
+        if tokens[-1] not in stop_ids:
+            return Verdict(Reason.BAD_TERMINATION, f"finish 'stop' but last token {tokens[-1]} is no stop token")
+        return OK
+    if finish_reason == "length":
+        if n != max_tokens:
+            return Verdict(Reason.BAD_TERMINATION, f"finish 'length' after {n} of {max_tokens} tokens (truncated)")
+        return OK
+    return Verdict(Reason.BAD_TERMINATION, f"unknown finish reason {finish_reason!r}")
+
+
+# ------------------------------------------------------------------------------------ sampling
+
+
+@dataclass(frozen=True)
+class SamplingStats:
+    """Per-completion sums for the temperature test (aggregated over a rollout file)."""
+
+    surprisal_excess: float  # sum over tokens of (-log q(token) - H(q))
+    variance: float  # sum over tokens of Var_q(-log q)
+    tokens: int
+
+
+def sampling_distribution(raw_logprobs: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """log q: the distribution the claimed parameters sample from (temperature, then top-k and
+    top-p truncation, renormalised), from raw log-softmax rows [T, V]."""
+    scaled = torch.log_softmax(raw_logprobs.double() / p.temperature, dim=-1)
+    if p.top_k > 0 and p.top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, p.top_k, dim=-1).values[:, -1:]
+        scaled = torch.log_softmax(scaled.masked_fill(scaled < kth, -math.inf), dim=-1)
+    if p.top_p < 1.0:
+        sorted_lp, order = torch.sort(scaled, dim=-1, descending=True)
+        before = torch.cumsum(sorted_lp.exp(), dim=-1) - sorted_lp.exp()
+        drop_sorted = before >= p.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        scaled = scaled.masked_fill(drop, -math.inf)
+    return torch.log_softmax(scaled, dim=-1)
+
+
+def check_sampling(
+    raw_logprobs: torch.Tensor,
+    tokens: list[int],
+    claimed_logprobs: list[float],
+    p: SamplingParams,
+    tol: SamplingTolerances,
+) -> tuple[Verdict, SamplingStats]:
+    """Every token possible under the claimed parameters, and the reported logprobs the model's.
+
+    `raw_logprobs` is the validator's [T, V] log-softmax at temperature 1 for the positions that
+    produced the T tokens; `claimed_logprobs` are the worker's reported (raw) logprobs."""
+    T, V = raw_logprobs.shape
+    empty = SamplingStats(0.0, 0.0, 0)
+    if len(tokens) != T or len(claimed_logprobs) != T:
+        return Verdict(
+            Reason.MALFORMED, f"{len(tokens)} tokens, {len(claimed_logprobs)} logprobs, {T} prefill rows"
+        ), empty
+    tok = torch.tensor(tokens, dtype=torch.long)
+    if T and (int(tok.min()) < 0 or int(tok.max()) >= V):
+        return Verdict(Reason.TOKEN_OUT_OF_VOCAB, f"token id outside 0..{V - 1}"), empty
+    lp = raw_logprobs.double()
+    mine = lp.gather(1, tok[:, None]).squeeze(1)
+    claimed = torch.tensor(claimed_logprobs, dtype=torch.float64)
+    if not torch.isfinite(claimed).all():
+        return Verdict(Reason.LOGPROB_MISMATCH, "non-finite reported logprob"), empty
+    err = (mine - claimed).abs()
+    worst = float(err.max()) if T else 0.0
+    if worst > tol.logprob_max_abs:
+        j = int(err.argmax())
+        return Verdict(
+            Reason.LOGPROB_MISMATCH,
+            f"token {j}: reported logprob {float(claimed[j]):.4f}, model gives {float(mine[j]):.4f}",
+            {"logprob_max_abs_err": worst},
+        ), empty
+
+    if p.temperature == 0:
+        gap = lp.max(dim=-1).values - mine
+        bad = torch.nonzero(gap > tol.greedy_logprob_slack)
+        if len(bad):
+            j = int(bad[0])
+            return Verdict(Reason.TOKEN_NOT_GREEDY, f"token {j} is {float(gap[j]):.3f} nats below the argmax"), empty
+        return Verdict(Reason.OK, figures={"logprob_max_abs_err": worst}), empty
+
+    scaled = torch.log_softmax(lp / p.temperature, dim=-1)
+    tok_scaled = scaled.gather(1, tok[:, None]).squeeze(1)
+    if 0 < p.top_k < V:
+        rank = (scaled > tok_scaled[:, None] + 1e-9).sum(dim=-1)
+        bad = torch.nonzero(rank >= p.top_k)
+        if len(bad):
+            j = int(bad[0])
+            return Verdict(Reason.TOKEN_OUTSIDE_TOP_K, f"token {j} has rank {int(rank[j])}, top_k is {p.top_k}"), empty
+    if p.top_p < 1.0:
+        if 0 < p.top_k < V:  # top-p acts on the top-k distribution, renormalised (as vLLM does)
+            kth = torch.topk(scaled, p.top_k, dim=-1).values[:, -1:]
+            scaled = torch.log_softmax(scaled.masked_fill(scaled < kth, -math.inf), dim=-1)
+            tok_scaled = scaled.gather(1, tok[:, None]).squeeze(1)
+        probs = scaled.exp()
+        mass_before = (probs * (scaled > tok_scaled[:, None]).double()).sum(dim=-1)
+        bad = torch.nonzero(mass_before >= p.top_p + tol.top_p_slack)
+        if len(bad):
+            j = int(bad[0])
+            return Verdict(
+                Reason.TOKEN_OUTSIDE_TOP_P,
+                f"token {j}: {float(mass_before[j]):.3f} of the mass ranks above it, top_p is {p.top_p}",
+            ), empty
+
+    logq = sampling_distribution(raw_logprobs, p)
+    q = logq.exp()
+    finite = torch.where(torch.isfinite(logq), logq, torch.zeros_like(logq))
+    entropy = -(q * finite).sum(dim=-1)
+    second = (q * finite.square()).sum(dim=-1)
+    var = (second - entropy.square()).clamp_min(0.0)
+    s = -logq.gather(1, tok[:, None]).squeeze(1)
+    s = torch.where(torch.isfinite(s), s, entropy)  # tokens admitted only by the slack above
+    stats = SamplingStats(float((s - entropy).sum()), float(var.sum()), T)
+    return Verdict(Reason.OK, figures={"logprob_max_abs_err": worst}), stats
+
+
+def temperature_test(stats: list[SamplingStats], tol: SamplingTolerances) -> Verdict:
+    """Are the sampled tokens as surprising as the claimed distribution predicts? Under honest
+    sampling the summed excess surprisal has mean 0 and the summed variance, so its z-score is
+    about standard normal; a hotter sampler gives large positive z, a colder one large negative."""
+    excess = sum(s.surprisal_excess for s in stats)
+    var = sum(s.variance for s in stats)
+    n = sum(s.tokens for s in stats)
+    if var <= 1e-12:
+        return Verdict(Reason.OK, "distribution is deterministic; nothing to test", {"temperature_z": 0.0, "tokens": n})
+    z = excess / math.sqrt(var)
+    figures = {"temperature_z": z, "tokens": float(n)}
+    if abs(z) > tol.temperature_z_max:
+        side = "hotter" if z > 0 else "colder"
+        return Verdict(Reason.TEMPERATURE_MISMATCH, f"tokens look sampled {side} than claimed (z = {z:.1f})", figures)
+    return Verdict(Reason.OK, figures=figures)
+
+
+def check_reward(claimed: float, recomputed: float, tol: float = 1e-6) -> Verdict:
+    if not math.isfinite(claimed) or abs(claimed - recomputed) > tol:
+        return Verdict(Reason.REWARD_MISMATCH, f"claimed reward {claimed}, task gives {recomputed}")
+    return OK

@@ -1,0 +1,193 @@
+"""The rollout file: what a worker uploads for one task, as parquet.
+
+One row per completion (prompt tokens, completion tokens, sampled-token logprobs, reward, finish
+reason, TOPLOC proofs); the header (pool, node, policy version, environment, task seed, sampling
+parameters, model) lives in the parquet schema metadata. The sha256 of the file's bytes is its work
+key on chain. Reading validates everything, so a malformed upload is a clear error, never a crash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+FORMAT = "intellect-rollout/1"
+PROOF_BYTES = 258
+CHUNK = 32
+MAX_FILE_BYTES = 64 * 1024 * 1024
+MAX_ROWS = 4096
+MAX_TOKENS = 32768
+
+SCHEMA = pa.schema(
+    [
+        ("group", pa.int32()),
+        ("sample", pa.int32()),
+        ("task_id", pa.string()),
+        ("prompt_tokens", pa.list_(pa.int32())),
+        ("completion_tokens", pa.list_(pa.int32())),
+        ("logprobs", pa.list_(pa.float32())),
+        ("reward", pa.float64()),
+        ("finish_reason", pa.string()),
+        ("proofs", pa.binary()),
+    ]
+)
+
+
+class RolloutFormatError(ValueError):
+    """The bytes are not a valid rollout file."""
+
+
+@dataclass(frozen=True)
+class RolloutHeader:
+    pool_id: int
+    node: str
+    policy_version: int
+    env: str
+    task_seed: int
+    sampling: dict[str, Any]
+    model: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RolloutSample:
+    group: int
+    sample: int
+    task_id: str
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    logprobs: list[float]
+    reward: float
+    finish_reason: str
+    proofs: list[bytes]
+
+    @property
+    def units(self) -> int:
+        return len(self.completion_tokens)
+
+
+def chunks_for(n_tokens: int) -> int:
+    return (n_tokens + CHUNK - 1) // CHUNK
+
+
+@dataclass(frozen=True)
+class RolloutFile:
+    header: RolloutHeader
+    samples: list[RolloutSample]
+
+    @property
+    def units(self) -> int:
+        """Work units on chain: generated tokens."""
+        return sum(s.units for s in self.samples)
+
+    def to_bytes(self) -> bytes:
+        """Deterministic for equal content, so the work key is a function of the rollouts."""
+        for s in self.samples:
+            _validate_sample(s)
+        cols: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
+        for s in self.samples:
+            cols["group"].append(s.group)
+            cols["sample"].append(s.sample)
+            cols["task_id"].append(s.task_id)
+            cols["prompt_tokens"].append(s.prompt_tokens)
+            cols["completion_tokens"].append(s.completion_tokens)
+            cols["logprobs"].append(s.logprobs)
+            cols["reward"].append(float(s.reward))
+            cols["finish_reason"].append(s.finish_reason)
+            cols["proofs"].append(b"".join(s.proofs))
+        meta = {"format": FORMAT, "header": asdict(self.header)}
+        schema = SCHEMA.with_metadata({"intellect": json.dumps(meta, sort_keys=True)})
+        table = pa.Table.from_pydict(cols, schema=schema)
+        buf = io.BytesIO()
+        pq.write_table(table, buf, compression="zstd", write_statistics=False)
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, max_bytes: int = MAX_FILE_BYTES) -> RolloutFile:
+        if len(data) > max_bytes:
+            raise RolloutFormatError(f"rollout file is {len(data)} bytes, the limit is {max_bytes}")
+        try:
+            pf = pq.ParquetFile(io.BytesIO(data))
+            if pf.metadata.num_rows > MAX_ROWS:
+                raise RolloutFormatError(f"rollout file has {pf.metadata.num_rows} rows, the limit is {MAX_ROWS}")
+            table = pf.read()
+        except RolloutFormatError:
+            raise
+        except Exception as exc:  # pyarrow raises many types for corrupt input
+            raise RolloutFormatError(f"not a readable parquet file ({type(exc).__name__}: {exc})") from None
+        raw_meta = (table.schema.metadata or {}).get(b"intellect")
+        if raw_meta is None:
+            raise RolloutFormatError("rollout file has no intellect header")
+        try:
+            meta = json.loads(raw_meta)
+            if meta.get("format") != FORMAT:
+                raise RolloutFormatError(f"unknown rollout format {meta.get('format')!r}, expected {FORMAT}")
+            h = meta["header"]
+            header = RolloutHeader(
+                pool_id=int(h["pool_id"]),
+                node=str(h["node"]),
+                policy_version=int(h["policy_version"]),
+                env=str(h["env"]),
+                task_seed=int(h["task_seed"]),
+                sampling=dict(h["sampling"]),
+                model=str(h["model"]),
+                extra=dict(h.get("extra", {})),
+            )
+        except RolloutFormatError:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise RolloutFormatError(f"malformed rollout header ({exc})") from None
+        if not table.schema.remove_metadata().equals(SCHEMA):
+            raise RolloutFormatError(f"rollout columns {table.schema.names} do not match the format")
+        rows = table.to_pylist()
+        samples = []
+        for i, r in enumerate(rows):
+            blob = r["proofs"] or b""
+            if len(blob) % PROOF_BYTES:
+                raise RolloutFormatError(f"row {i}: proofs are {len(blob)} bytes, not a multiple of {PROOF_BYTES}")
+            if any(r[k] is None for k in SCHEMA.names):
+                raise RolloutFormatError(f"row {i}: missing values")
+            s = RolloutSample(
+                group=r["group"],
+                sample=r["sample"],
+                task_id=r["task_id"],
+                prompt_tokens=list(r["prompt_tokens"]),
+                completion_tokens=list(r["completion_tokens"]),
+                logprobs=[float(x) for x in r["logprobs"]],
+                reward=float(r["reward"]),
+                finish_reason=r["finish_reason"],
+                proofs=[blob[j : j + PROOF_BYTES] for j in range(0, len(blob), PROOF_BYTES)],
+            )
+            try:
+                _validate_sample(s)
+            except RolloutFormatError as exc:
+                raise RolloutFormatError(f"row {i}: {exc}") from None
+            samples.append(s)
+        return cls(header, samples)
+
+
+def _validate_sample(s: RolloutSample) -> None:
+    t = len(s.completion_tokens)
+    if t == 0 or t > MAX_TOKENS or len(s.prompt_tokens) > MAX_TOKENS:
+        raise RolloutFormatError(f"completion of {t} tokens, prompt of {len(s.prompt_tokens)} (1..{MAX_TOKENS})")
+    if len(s.logprobs) != t:
+        raise RolloutFormatError(f"{len(s.logprobs)} logprobs for {t} tokens")
+    if len(s.proofs) != chunks_for(t):
+        raise RolloutFormatError(f"{len(s.proofs)} proofs for {t} tokens (expected {chunks_for(t)})")
+    if any(len(p) != PROOF_BYTES for p in s.proofs):
+        raise RolloutFormatError(f"a proof is not {PROOF_BYTES} bytes")
+    if s.finish_reason not in ("stop", "length"):
+        raise RolloutFormatError(f"finish reason {s.finish_reason!r} is not 'stop' or 'length'")
+    if any(not (0 <= x < 2**31) for x in s.completion_tokens) or any(not (0 <= x < 2**31) for x in s.prompt_tokens):
+        raise RolloutFormatError("token ids must be non-negative 32-bit integers")
+
+
+def work_key(data: bytes) -> str:
+    """The on-chain work key of a rollout file: 0x-prefixed sha256 of its bytes."""
+    return "0x" + hashlib.sha256(data).hexdigest()
