@@ -145,7 +145,10 @@ class RolloutFile:
             raise RolloutFormatError(f"malformed rollout header ({exc})") from None
         if not table.schema.remove_metadata().equals(SCHEMA):
             raise RolloutFormatError(f"rollout columns {table.schema.names} do not match the format")
-        rows = table.to_pylist()
+        try:
+            rows = table.to_pylist()
+        except Exception as exc:  # e.g. invalid UTF-8 in a string column
+            raise RolloutFormatError(f"unreadable rollout rows ({type(exc).__name__}: {exc})") from None
         samples = []
         for i, r in enumerate(rows):
             blob = r["proofs"] or b""

@@ -52,7 +52,8 @@ class MathEnv:
         who, item = rng.choice(_NAMES), rng.choice(_ITEMS)
         verb = {"+": f"gets {b} more", "-": f"gives away {b}", "*": f"ends up with {b} times as many"}[op]
         answer = {"+": a + b, "-": a - b, "*": a * b}[op]
-        prompt = f"Question: {who} has {a} {item} and {verb}. How many {item} does {who} have now?\nAnswer:"
+        # Plain question text: the model's chat template (see tasks.prompts) adds its own framing.
+        prompt = f"{who} has {a} {item} and {verb}. How many {item} does {who} have now?"
         return Problem(
             task_id=f"{self.name}-{seed}-{index}", prompt=prompt, answer=answer, meta={"a": a, "b": b, "op": op}
         )
@@ -80,7 +81,7 @@ class ThinkingBudgetEnv(MathEnv):
     def problem(self, seed: int, index: int) -> Problem:
         base = super().problem(seed, index)
         target = random.Random(f"budget:{seed}:{index}").choice(self.targets)
-        prompt = f"Think for about {target} tokens.\n{base.prompt}"
+        prompt = f"Think for about {target} tokens. {base.prompt}"
         return Problem(base.task_id, prompt, base.answer, {**base.meta, "target": target})
 
     def reward(self, problem: Problem, completion_text: str, completion_tokens: int) -> float:
