@@ -1,0 +1,311 @@
+"""Calibrating TOPLOC thresholds and sampling tolerances for one model.
+
+Honest variations (fp32 and bf16 generation, batch sizes 1 and 8, vLLM generation checked by an HF
+prefill in fp32 and in bf16) must all pass; tampered ones (other weights, weights with 1 % noise,
+fp8-rounded weights, another system prompt, one changed prompt token, another model's tokens
+spliced in) must all fail. Thresholds are the honest maxima plus a margin, kept below the tampered
+minima; the run fails loudly if no such thresholds exist.
+
+Generation runs in child processes (one vLLM engine per process and per weight set); verification
+runs here with transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .rollout.checks import SamplingTolerances
+from .toploc import Thresholds, build_proofs, verify_proofs
+from .verify import Calibrated
+
+HONEST = ("honest_fp32_batch8", "honest_fp32_batch1", "honest_bf16_batch8")
+TAMPERED = ("other_weights", "weights_noise_1pct", "weights_fp8", "system_prompt", "changed_prompt_token", "spliced_tokens")
+METRICS = ("exp_mismatches", "mant_err_mean", "mant_err_median", "sign_mismatches")
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    model: str = "tiny"
+    prompts: int = 8
+    samples: int = 2
+    max_tokens: int = 64
+    temperature: float = 1.0
+    seed: int = 0
+
+
+# ------------------------------------------------------------------------------ weight tampering
+
+
+def _load_state(model_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        state.update(load_file(str(f)))
+    return state
+
+
+def _write_variant(model_dir: Path, out: Path, state: dict[str, torch.Tensor]) -> Path:
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    for f in model_dir.iterdir():
+        if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
+            shutil.copy(f, out / f.name)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"))
+    return out
+
+
+def noisy_weights(state: dict[str, torch.Tensor], rel: float, seed: int) -> dict[str, torch.Tensor]:
+    """Each weight times (1 + rel * N(0, 1)): a model that is almost, but not exactly, the pool's."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for k, v in state.items():
+        noise = torch.randn(v.shape, generator=g, dtype=torch.float32)
+        out[k] = (v.float() * (1 + rel * noise)).to(v.dtype)
+    return out
+
+
+def fp8_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each matrix rounded to float8 e4m3 with a per-tensor scale (a cheaper model a cheater might run)."""
+    out = {}
+    for k, v in state.items():
+        if v.ndim < 2:
+            out[k] = v
+            continue
+        scale = v.float().abs().amax().clamp_min(1e-12) / 448.0
+        out[k] = ((v.float() / scale).to(torch.float8_e4m3fn).float() * scale).to(v.dtype)
+    return out
+
+
+def random_weights(model_dir: Path, seed: int) -> dict[str, torch.Tensor]:
+    """Same architecture, other weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = AutoConfig.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_config(config)
+    ref = _load_state(model_dir)
+    own = model.state_dict()
+    return {k: own[k].to(ref[k].dtype) for k in ref if k in own}
+
+
+# ------------------------------------------------------------------------------ generation (child)
+
+
+def _generate_jobs(spec_path: str, out_path: str) -> None:
+    """Child process: one engine, several jobs; saves completions (claimed prompt, tokens, logprobs,
+    finish reason, hidden states) to `out_path`."""
+    from .inference.engine import SamplingSpec, VllmEngine
+
+    spec = json.loads(Path(spec_path).read_text())
+    s = spec["sampling"]
+    sampling = SamplingSpec(temperature=s["temperature"], top_p=1.0, max_tokens=s["max_tokens"], seed=s["seed"])
+    records: list[dict[str, Any]] = []
+    with VllmEngine(spec["model_dir"], dtype=spec["dtype"], seed=s["seed"]) as engine:
+        for job in spec["jobs"]:
+            gen, claimed = job["gen_prompts"], job["claimed_prompts"]
+            if job["batch"] == "all":
+                groups = engine.generate(gen, sampling, n=spec["samples"])
+            else:
+                groups = [engine.generate([p], sampling, n=spec["samples"])[0] for p in gen]
+            for i, group in enumerate(groups):
+                for c in group:
+                    records.append({
+                        "job": job["name"], "group": i, "prompt": claimed[i], "tokens": c.tokens,
+                        "logprobs": c.logprobs, "finish": c.finish_reason, "hidden": c.hidden,
+                    })
+    torch.save(records, out_path)
+
+
+def _run_child(model_dir: Path, dtype: str, jobs: list[dict[str, Any]], cfg: CalibrationConfig, tmp: Path, tag: str) -> list[dict[str, Any]]:
+    spec = {
+        "model_dir": str(model_dir), "dtype": dtype, "samples": cfg.samples, "jobs": jobs,
+        "sampling": {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens, "seed": cfg.seed},
+    }
+    spec_path, out_path = tmp / f"{tag}.json", tmp / f"{tag}.pt"
+    spec_path.write_text(json.dumps(spec))
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    p = subprocess.run(
+        [sys.executable, "-m", "node.calibrate", "--child", str(spec_path), str(out_path)],
+        capture_output=True, text=True, env=env, timeout=1800,
+    )
+    if p.returncode != 0:
+        raise RuntimeError(f"generation child {tag} failed:\n{p.stderr[-3000:]}")
+    return list(torch.load(out_path, weights_only=False))
+
+
+# ------------------------------------------------------------------------------ calibration
+
+
+def _chunk_figures(hidden_claimed: torch.Tensor, hidden_validator: torch.Tensor) -> list[dict[str, float]]:
+    checks = verify_proofs(hidden_validator, build_proofs(hidden_claimed))
+    return [{m: float(getattr(c, m)) for m in METRICS} for c in checks]
+
+
+def _worst(chunks: list[dict[str, float]]) -> dict[str, float]:
+    return {m: max(c[m] for c in chunks) for m in METRICS}
+
+
+def _rejected(worst: dict[str, float], thr: Thresholds) -> bool:
+    return (
+        worst["exp_mismatches"] > thr.exp_mismatch_max
+        or worst["mant_err_mean"] > thr.mant_err_mean_max
+        or worst["mant_err_median"] > thr.mant_err_median_max
+        or worst["sign_mismatches"] > thr.sign_mismatch_max
+    )
+
+
+def choose_thresholds(honest: list[dict[str, float]], tampered: list[dict[str, float]]) -> Thresholds:
+    """Honest maxima with a margin (x1.5 plus a small absolute slack per metric). Only if that
+    lets a tampered rollout through, metrics where the two sets separate are tightened to the
+    midpoint between the honest maximum and the tampered minimum."""
+    slack = {"exp_mismatches": 2, "mant_err_mean": 0.5, "mant_err_median": 0.5, "sign_mismatches": 1}
+    hi = {m: max(h[m] for h in honest) for m in METRICS}
+    values = {m: hi[m] * 1.5 + slack[m] for m in METRICS}
+
+    def build(v: dict[str, float]) -> Thresholds:
+        return Thresholds(
+            exp_mismatch_max=int(v["exp_mismatches"]),
+            mant_err_mean_max=round(v["mant_err_mean"], 3),
+            mant_err_median_max=round(v["mant_err_median"], 3),
+            sign_mismatch_max=int(v["sign_mismatches"]),
+        )
+
+    thr = build(values)
+    if tampered and not all(_rejected(t, thr) for t in tampered):
+        for m in METRICS:
+            lo = min(t[m] for t in tampered)
+            if lo > hi[m]:
+                values[m] = min(values[m], (hi[m] + lo) / 2)
+        thr = build(values)
+    return thr
+
+
+def calibrate(cfg: CalibrationConfig, progress: Callable[[str], None] = print) -> Calibrated:
+    from transformers import AutoTokenizer
+
+    from .inference.engine import HfPrefill
+    from .inference.models import ensure_model
+    from .tasks.math import MathEnv
+    from .tasks.prompts import prompt_encoder
+
+    started = time.monotonic()
+    model_dir = ensure_model(cfg.model)
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    encode = prompt_encoder(tok)
+    problems = MathEnv().problems(cfg.seed, cfg.prompts)
+    prompts = [encode(p.prompt) for p in problems]
+    system = [encode("You are a pirate who answers in rhymes. " + p.prompt) for p in problems]
+    changed = [list(p) for p in prompts]
+    for p in changed:  # one prompt token (the last non-template one we can find) replaced
+        j = max(0, len(p) - 3)
+        p[j] = (p[j] + 7) % len(tok)
+    base_jobs = [
+        {"name": "honest_fp32_batch8", "gen_prompts": prompts, "claimed_prompts": prompts, "batch": "all"},
+        {"name": "honest_fp32_batch1", "gen_prompts": prompts, "claimed_prompts": prompts, "batch": "single"},
+        {"name": "system_prompt", "gen_prompts": system, "claimed_prompts": prompts, "batch": "all"},
+        {"name": "changed_prompt_token", "gen_prompts": changed, "claimed_prompts": prompts, "batch": "all"},
+    ]
+    records: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="intellect-calibrate-") as tmpdir:
+        tmp = Path(tmpdir)
+        state = _load_state(model_dir)
+        variants = {
+            "other_weights": _write_variant(model_dir, tmp / "other", random_weights(model_dir, 1234)),
+            "weights_noise_1pct": _write_variant(model_dir, tmp / "noise", noisy_weights(state, 0.01, 99)),
+            "weights_fp8": _write_variant(model_dir, tmp / "fp8", fp8_weights(state)),
+        }
+        progress(f"calibrating {cfg.model}: {cfg.prompts} prompts x {cfg.samples} samples, {cfg.max_tokens} tokens")
+        records += _run_child(model_dir, "float32", base_jobs, cfg, tmp, "base")
+        progress(f"  generated honest fp32 (batch 8 and 1), system-prompt and changed-token rollouts ({time.monotonic() - started:.0f} s)")
+        bf16_jobs = [{"name": "honest_bf16_batch8", "gen_prompts": prompts, "claimed_prompts": prompts, "batch": "all"}]
+        records += _run_child(model_dir, "bfloat16", bf16_jobs, cfg, tmp, "bf16")
+        progress(f"  generated honest bf16 rollouts ({time.monotonic() - started:.0f} s)")
+        for name, d in variants.items():
+            job = [{"name": name, "gen_prompts": prompts, "claimed_prompts": prompts, "batch": "all"}]
+            records += _run_child(d, "float32", job, cfg, tmp, name)
+            progress(f"  generated {name} rollouts ({time.monotonic() - started:.0f} s)")
+
+    # tokens of another model spliced into honest completions from the middle on (same prompt and
+    # sample index: both jobs list completions group by group in the same order)
+    honest8 = [r for r in records if r["job"] == "honest_fp32_batch8"]
+    other = [r for r in records if r["job"] == "other_weights"]
+    for h, o in zip(honest8, other, strict=True):
+        k = len(h["tokens"]) // 2
+        m = min(len(o["tokens"]), len(h["tokens"])) - k
+        if k < 1 or m < 1:
+            continue
+        records.append({
+            "job": "spliced_tokens", "group": h["group"], "prompt": h["prompt"],
+            "tokens": h["tokens"][:k] + o["tokens"][k : k + m],
+            "logprobs": h["logprobs"][:k] + o["logprobs"][k : k + m],
+            "finish": "length", "hidden": torch.cat([h["hidden"][:k], o["hidden"][k : k + m]]),
+        })
+
+    validators = {"hf_fp32": HfPrefill(model_dir, dtype="float32"), "hf_bf16": HfPrefill(model_dir, dtype="bfloat16")}
+    per_case: dict[str, list[dict[str, float]]] = {}
+    logprob_err: dict[str, float] = {}
+    for vname, v in validators.items():
+        pre = v.prefill_many([(r["prompt"], r["tokens"]) for r in records])
+        for r, p in zip(records, pre, strict=True):
+            worst = _worst(_chunk_figures(r["hidden"], p.hidden))
+            case = f"{r['job']}@{vname}"
+            per_case.setdefault(case, []).append(worst)
+            err = float((p.token_logprobs(r["tokens"]).double() - torch.tensor(r["logprobs"], dtype=torch.float64)).abs().max())
+            logprob_err[case] = max(logprob_err.get(case, 0.0), err)
+    honest = [w for c, ws in per_case.items() if c.split("@")[0] in HONEST for w in ws]
+    tampered = [w for c, ws in per_case.items() if c.split("@")[0] in TAMPERED for w in ws]
+    thr = choose_thresholds(honest, tampered)
+    honest_lp = max(e for c, e in logprob_err.items() if c.split("@")[0] in HONEST)
+    tol = SamplingTolerances(logprob_max_abs=round(max(2 * honest_lp, 1e-3), 5))
+
+    report: dict[str, Any] = {"config": cfg.__dict__, "cases": {}, "seconds": round(time.monotonic() - started, 1)}
+    failures = []
+    for case, ws in sorted(per_case.items()):
+        job = case.split("@")[0]
+        rejected = sum(_rejected(w, thr) for w in ws)
+        report["cases"][case] = {
+            "kind": "honest" if job in HONEST else "tampered",
+            "rollouts": len(ws),
+            "rejected": rejected,
+            "max": {m: max(w[m] for w in ws) for m in METRICS},
+            "min": {m: min(w[m] for w in ws) for m in METRICS},
+            "logprob_max_abs_err": logprob_err[case],
+        }
+        if job in HONEST and rejected:
+            failures.append(f"{case}: {rejected} of {len(ws)} honest rollouts rejected")
+        if job in TAMPERED and rejected != len(ws):
+            failures.append(f"{case}: {len(ws) - rejected} of {len(ws)} tampered rollouts accepted")
+    report["failures"] = failures
+    result = Calibrated(cfg.model, thr, tol, report)
+    if failures:
+        raise CalibrationFailed(result, failures)
+    return result
+
+
+class CalibrationFailed(RuntimeError):
+    def __init__(self, result: Calibrated, failures: list[str]) -> None:
+        super().__init__("calibration found no thresholds that separate honest from tampered rollouts: " + "; ".join(failures))
+        self.result = result
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+        _generate_jobs(sys.argv[2], sys.argv[3])
+    else:
+        cfg = CalibrationConfig(model=sys.argv[1] if len(sys.argv) > 1 else "tiny")
+        out = calibrate(cfg)
+        print(json.dumps(out.to_dict(), indent=2))
