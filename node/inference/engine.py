@@ -1,0 +1,604 @@
+"""Inference engines: vLLM for the worker's rollouts, plain transformers for the validator's prefill.
+
+TOPLOC proofs are built from the final hidden states (after the last RMSNorm) of the positions that
+*produced* each generated token, and a validator recomputes those states with one prefill pass over
+prompt + completion. So the worker's engine must hand out, for every completion, exactly those states:
+
+* for a prompt of length P, generated token j (0-based) was sampled from the logits of position P-1+j,
+  so `Completion.hidden[j]` is the state at position P-1+j, and `HfPrefill` returns the same rows;
+* the state of the last generated token itself is never computed by the generator (no forward pass
+  follows it) and is not part of the proof.
+
+vLLM 0.32 has no public output for per-token hidden states during generation, so `VllmEngine` wraps the
+V1 model runner's `_model_forward` inside the worker (via `LLM.collective_rpc`) and records, per internal
+request, the positions and returned states of every forward step. Internal request ids are
+`<our request id>-<8 hex>`; we add requests with our own ids, so the mapping back is a suffix strip.
+
+Logprobs: `Completion.logprobs[j]` is vLLM's `raw_logprobs` mode (pinned explicitly): the log-softmax of
+the model's raw logits at position P-1+j, i.e. temperature 1 with no top-k/top-p renormalization,
+regardless of the sampling temperature. That is the quantity `HfPrefill.logprobs` recomputes, so a
+validator can compare them directly (and RL losses that need the behaviour policy's tempered probability
+must apply the temperature themselves).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+from node.inference.models import default_cache_dir
+
+if TYPE_CHECKING:
+    from vllm import LLM
+
+DType = Literal["float32", "bfloat16"]
+_TORCH_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_CAPTURE_ATTR = "_intellect_capture"
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """How to sample. temperature 0 is greedy; top_k -1 disables top-k; seed makes a run repeatable."""
+
+    temperature: float
+    top_p: float
+    max_tokens: int
+    seed: int
+    top_k: int = -1
+    stop_token_ids: tuple[int, ...] | None = None
+
+
+@dataclass
+class Completion:
+    """One generated completion and what TOPLOC and the RL trainer need from it.
+
+    `logprobs[j]`: log-softmax of the raw logits (temperature 1, no top-p) for `tokens[j]`.
+    `hidden[j]`: float32 copy of the final-norm hidden state at position len(prompt_tokens)-1+j.
+    `finish_reason`: "stop" (EOS or a stop token; the stop token is the last entry of `tokens`) or
+    "length" (max_tokens reached).
+    """
+
+    prompt_tokens: list[int]
+    tokens: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    hidden: torch.Tensor
+
+
+@dataclass
+class Prefill:
+    """A validator's recomputation for one (prompt, completion) pair: rows match `Completion.hidden`."""
+
+    hidden: torch.Tensor  # [T, H] float32
+    logprobs: torch.Tensor  # [T, V] float32, log-softmax of raw logits
+
+    def token_logprobs(self, tokens: Sequence[int]) -> torch.Tensor:
+        """The logprob of each given token at its row: [T]."""
+        idx = torch.as_tensor(list(tokens), dtype=torch.long).unsqueeze(1)
+        return self.logprobs.gather(1, idx).squeeze(1)
+
+
+def completion_seed(seed: int, prompt_index: int, sample_index: int) -> int:
+    """The per-completion vLLM seed for sample `sample_index` of prompt `prompt_index` in one call.
+
+    Every completion is its own vLLM request with its own seeded generator, so the tokens of a completion
+    depend only on (seed, prompt index, sample index), the weights and the prompt, not on which other
+    requests share its batch. Hash-derived so different prompts/samples get unrelated streams.
+    """
+    digest = hashlib.sha256(f"intellect-node:{seed}:{prompt_index}:{sample_index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1  # non-negative int63
+
+
+def _tokens_input(tokens: list[int]) -> Any:
+    """A token-id prompt in vLLM's engine-input form (the raw {"prompt_token_ids"} dict is deprecated)."""
+    try:
+        from vllm.inputs.engine import tokens_input
+    except ImportError:  # older vLLM
+        return {"prompt_token_ids": tokens}
+    return tokens_input(tokens)
+
+
+def _gpu_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def _configure_vllm_env(gpu: bool) -> None:
+    """Environment vLLM reads at import/engine start. Only sets what the caller has not set.
+
+    CPU (tests, small nodes): in-process engine core (no `__main__` guard needed, no second process)
+    and a 1 GiB KV cache. Everywhere: no hub access, a persistent vLLM cache dir, and the V1 model runner, because
+    the hidden-state capture hooks its `_model_forward`/`input_batch` (the V2 runner, default on GPUs
+    with Triton, lays batches out differently). With a multiprocess engine core (the GPU default), the
+    capture functions travel to the worker by cloudpickle, which vLLM only allows with insecure
+    serialization switched on.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+    # A private but persistent cache: vLLM stores its per-architecture "model info" there. On a miss it
+    # inspects the model class in a fresh subprocess that imports vLLM (~9 s on 2 cores), so a throw-away
+    # cache dir would cost that on every engine start.
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(default_cache_dir().parent / "vllm"))
+    if not gpu:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+
+
+# --- functions run inside the vLLM worker via collective_rpc (module level: picklable by reference) ---
+
+
+def _install_capture(worker: Any) -> bool:
+    """Wrap the worker's model runner so every forward step records final hidden states per request.
+
+    Records, per internal request id, the positions >= num_prompt_tokens-1 (the only rows a proof needs)
+    and their states as float32 CPU tensors. Idempotent.
+    """
+    runner = worker.model_runner
+    if getattr(runner, _CAPTURE_ATTR, None) is not None:
+        return True
+    for attr in ("_model_forward", "input_batch", "query_start_loc", "requests"):
+        if not hasattr(runner, attr):
+            raise RuntimeError(
+                f"vLLM model runner {type(runner).__name__} lacks {attr!r}: hidden-state capture needs the "
+                "V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)"
+            )
+    records: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    original = runner._model_forward
+
+    def forward_and_record(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        hidden = out[0] if isinstance(out, tuple) else out
+        positions = kwargs.get("positions")
+        if positions is None and len(args) > 1:
+            positions = args[1]
+        if not isinstance(hidden, torch.Tensor) or not isinstance(positions, torch.Tensor) or positions.dim() != 1:
+            return out  # pipeline-parallel intermediate ranks, M-RoPE models: not supported, record nothing
+        batch = runner.input_batch
+        num_reqs = batch.num_reqs
+        if num_reqs == 0:
+            return out
+        req_ids = batch.req_ids[:num_reqs]
+        qsl = runner.query_start_loc.cpu[: num_reqs + 1].tolist()
+        pos_cpu = positions[: qsl[-1]].to("cpu", non_blocking=False)
+        for i, rid in enumerate(req_ids):
+            state = runner.requests.get(rid)
+            if state is None or state.sampling_params is None:
+                continue
+            lo, hi = qsl[i], qsl[i + 1]
+            if hi <= lo:
+                continue
+            pos = pos_cpu[lo:hi]
+            keep = pos >= state.num_prompt_tokens - 1
+            if not bool(keep.any()):
+                continue
+            rows = torch.nonzero(keep).squeeze(1) + lo
+            states = hidden.index_select(0, rows.to(hidden.device)).to("cpu", torch.float32)
+            records.setdefault(rid, []).append((pos[keep].clone(), states))
+        return out
+
+    runner._model_forward = forward_and_record
+    setattr(runner, _CAPTURE_ATTR, records)
+    return True
+
+
+def _eager_token_ranks(worker: Any) -> bool:
+    """Replace vLLM's torch.compile'd token-rank counter with its eager equivalent (CPU only).
+
+    vLLM computes the rank of every sampled token whenever logprobs are requested, with a function
+    compiled by inductor on first use: 3 s with a warm inductor cache and ~20 s cold on 2 cores, in the
+    first `generate`. We never use the ranks, and eagerly the count is one comparison and a sum.
+    """
+    import vllm.v1.sample.sampler as sampler
+
+    def count_greater_equal(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        return (x >= values).sum(-1)
+
+    sampler.batched_count_greater_than = count_greater_equal  # type: ignore[attr-defined]
+    return True
+
+
+def _pop_captured(worker: Any) -> dict[str, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Hand over and forget everything recorded so far (keyed by internal request id)."""
+    records: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = getattr(worker.model_runner, _CAPTURE_ATTR)
+    out = dict(records)
+    records.clear()
+    return out
+
+
+def _assemble_hidden(
+    pieces: list[tuple[torch.Tensor, torch.Tensor]], first_pos: int, length: int, hidden_size: int
+) -> torch.Tensor:
+    """Place recorded (positions, states) rows into [length, H] for positions first_pos..first_pos+length-1.
+
+    Later pieces overwrite earlier ones, so a request that vLLM preempted and recomputed keeps the
+    states of its final computation.
+    """
+    out = torch.empty(length, hidden_size, dtype=torch.float32)
+    filled = torch.zeros(length, dtype=torch.bool)
+    for pos, states in pieces:
+        idx = pos.to(torch.long) - first_pos
+        ok = (idx >= 0) & (idx < length)
+        out[idx[ok]] = states[ok]
+        filled[idx[ok]] = True
+    if not bool(filled.all()):
+        missing = (~filled).nonzero().squeeze(1).tolist()[:8]
+        raise RuntimeError(f"hidden states missing for completion rows {missing} (of {length})")
+    return out
+
+
+def _shutdown_llm(llm: LLM, gpu: bool) -> None:
+    """Stop an `LLM`'s engine core (its worker processes, with multiprocessing) and drop its memory."""
+    import gc
+
+    core = getattr(llm.llm_engine, "engine_core", None)
+    shutdown = getattr(core, "shutdown", None)
+    try:
+        if callable(shutdown):
+            shutdown()
+    finally:
+        del llm, core
+        gc.collect()
+        if gpu:
+            torch.cuda.empty_cache()
+
+
+class VllmEngine:
+    """A real vLLM `LLM` that also returns each completion's final hidden states.
+
+    `cpu_threads` (CPU only; None leaves torch's setting) is the process-wide torch intra-op thread
+    count, set before vLLM starts: after start vLLM turns `torch.set_num_threads` into a no-op for the
+    rest of the process.
+
+    Prefer one engine per process (vLLM keeps process-global state; a second `LLM`, e.g. `VllmPrefill`,
+    does work next to it on CPU). Speculative decoding must stay off (the capture assumes every
+    computed position is kept). On CPU it runs in-process with eager execution and
+    no prefix caching (prefix caching would skip the forward pass over shared prompt prefixes, which is
+    harmless for the captured rows but makes timing and memory less predictable; and a reload must never
+    serve KV computed with old weights). On a GPU machine the same class drives the `vllm` package with
+    its defaults (CUDA graphs allowed, multiprocess engine core).
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        dtype: DType = "float32",
+        seed: int = 0,
+        max_model_len: int = 1024,
+        gpu: bool | None = None,
+        enforce_eager: bool | None = None,
+        gpu_memory_utilization: float = 0.85,
+        max_num_seqs: int | None = None,
+        cpu_threads: int | None = 1,
+    ) -> None:
+        if dtype not in _TORCH_DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_TORCH_DTYPES)}, got {dtype!r}")
+        self.gpu = _gpu_available() if gpu is None else gpu
+        _configure_vllm_env(self.gpu)
+        if not self.gpu and cpu_threads is not None:
+            # vLLM means to run CPU serving with 1 intra-op thread, but its in-process worker disables
+            # torch.set_num_threads (replaced by a warning) before it gets to that, so the process keeps
+            # one OpenMP thread per core. Each op then waits for its slowest thread: with anything else
+            # busy on one of 2 cores, decoding ran 10-20x slower (tiny: 12 vs 226 tok/s). Set it first.
+            torch.set_num_threads(cpu_threads)
+        from vllm import LLM  # after the environment is set
+
+        self.model_dir = Path(model_dir)
+        self.dtype = dtype
+        kwargs: dict[str, Any] = {
+            "model": str(self.model_dir),
+            "dtype": dtype,
+            "seed": seed,
+            "max_model_len": max_model_len,
+            "enforce_eager": (not self.gpu) if enforce_eager is None else enforce_eager,
+            "enable_prefix_caching": False,
+            "logprobs_mode": "raw_logprobs",
+            "disable_log_stats": True,
+        }
+        if self.gpu:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        if max_num_seqs is not None:
+            kwargs["max_num_seqs"] = max_num_seqs
+        self._llm: LLM | None = LLM(**kwargs)
+        model_config = self._llm.llm_engine.model_config
+        self.hidden_size: int = int(model_config.get_hidden_size())
+        self.vocab_size: int = int(model_config.get_vocab_size())
+        self.max_model_len: int = int(model_config.max_model_len)
+        if not self.gpu:
+            self._llm.collective_rpc(_eager_token_ranks)
+        self._llm.collective_rpc(_install_capture)
+        self._calls = 0
+
+    @property
+    def llm(self) -> LLM:
+        if self._llm is None:
+            raise RuntimeError("engine is closed")
+        return self._llm
+
+    def _sampling_params(self, spec: SamplingSpec, seed: int) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
+            n=1,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            top_k=0 if spec.top_k in (-1, 0) else spec.top_k,
+            max_tokens=spec.max_tokens,
+            seed=seed,
+            stop_token_ids=list(spec.stop_token_ids) if spec.stop_token_ids else None,
+            logprobs=0,  # just the sampled token's logprob
+            detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingSpec, n: int = 1) -> list[list[Completion]]:
+        """Sample `n` completions for each prompt (token ids in, token ids out), with hidden states.
+
+        All prompts x samples go to vLLM as one batch of independent requests, completion (i, j) seeded
+        with `completion_seed(sampling.seed, i, j)`; the result is indexed [prompt][sample].
+        """
+        if n < 1:
+            raise ValueError("n must be >= 1")
+        from vllm import RequestOutput
+
+        llm = self.llm
+        self._calls += 1
+        engine = llm.llm_engine
+        tag = f"icn{self._calls}"
+        order: dict[str, tuple[int, int]] = {}
+        for i, prompt in enumerate(prompts):
+            if not prompt:
+                raise ValueError(f"prompt {i} is empty")
+            if len(prompt) >= self.max_model_len:
+                raise ValueError(
+                    f"prompt {i} has {len(prompt)} tokens; max_model_len {self.max_model_len} leaves no room"
+                )
+            if min(prompt) < 0 or max(prompt) >= self.vocab_size:
+                raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {self.vocab_size})")
+        outputs: list[RequestOutput] = []
+        done = False
+        try:
+            for i, prompt in enumerate(prompts):
+                for j in range(n):
+                    rid = f"{tag}-{i}-{j}"
+                    engine.add_request(
+                        rid,
+                        _tokens_input(list(prompt)),
+                        self._sampling_params(sampling, completion_seed(sampling.seed, i, j)),
+                    )
+                    order[rid] = (i, j)
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    if isinstance(out, RequestOutput) and out.finished:
+                        outputs.append(out)
+            done = True
+        finally:
+            if not done and order:  # failed or interrupted: leave no requests behind for the next call
+                engine.abort_request(list(order))
+            captured = llm.collective_rpc(_pop_captured)[0]
+        by_external: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        for internal_id, pieces in captured.items():
+            by_external.setdefault(internal_id.rsplit("-", 1)[0], []).extend(pieces)
+
+        result: list[list[Completion | None]] = [[None] * n for _ in prompts]
+        for out in outputs:
+            if out.request_id not in order:
+                continue
+            i, j = order[out.request_id]
+            seq = out.outputs[0]
+            tokens = list(seq.token_ids)
+            if seq.logprobs is None or len(seq.logprobs) != len(tokens):
+                raise RuntimeError(f"vLLM returned no logprobs for request {out.request_id}")
+            logprobs = [float(seq.logprobs[k][tok].logprob) for k, tok in enumerate(tokens)]
+            p = len(prompts[i])
+            hidden = (
+                _assemble_hidden(by_external.get(out.request_id, []), p - 1, len(tokens), self.hidden_size)
+                if tokens
+                else torch.empty(0, self.hidden_size)
+            )
+            reason = seq.finish_reason or "length"
+            result[i][j] = Completion(
+                prompt_tokens=list(prompts[i]),
+                tokens=tokens,
+                logprobs=logprobs,
+                finish_reason="length" if reason == "length" else "stop",
+                hidden=hidden,
+            )
+        missing = [(i, j) for i, row in enumerate(result) for j, c in enumerate(row) if c is None]
+        if missing:
+            raise RuntimeError(f"vLLM returned no output for completions {missing[:8]}")
+        return [[c for c in row if c is not None] for row in result]
+
+    def reload_weights(self, weights: str | Path | Mapping[str, torch.Tensor]) -> None:
+        """Replace the weights in place, without restarting the engine (~0.1 s for the tiny model).
+
+        `weights` is a model folder with safetensors in HF checkpoint naming, a single .safetensors file,
+        or a state dict (HF names). A folder goes to vLLM's own loader (`weights_path`); a state dict is
+        streamed in-process (`weights_iterator`), or, with a multiprocess engine core that cannot receive
+        an iterator, written to a temporary folder first. Prefix/KV caches are reset afterwards so no
+        state computed with the old weights is reused.
+        """
+        llm = self.llm
+        if isinstance(weights, (str, Path)):
+            path = Path(weights)
+            if path.is_dir():
+                llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
+                llm.reset_prefix_cache()
+                return
+            from safetensors.torch import load_file
+
+            weights = load_file(str(path))
+        state = dict(weights)
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0":
+            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state.items())})
+        else:
+            from safetensors.torch import save_file
+
+            with tempfile.TemporaryDirectory(prefix="intellect-reload-") as tmp:
+                save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, f"{tmp}/model.safetensors")
+                llm.collective_rpc("reload_weights", kwargs={"weights_path": tmp})
+        llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory (KV cache, weights). Safe to call twice."""
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            _shutdown_llm(llm, self.gpu)
+
+    def __enter__(self) -> VllmEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class HfPrefill:
+    """The validator's recomputation with plain transformers: one forward over prompt + completion.
+
+    Returns the final-norm hidden states and the raw-logit log-softmax at the positions that produced
+    each completion token (P-1 .. P+T-2), the same rows `VllmEngine` captured while generating.
+    """
+
+    def __init__(self, model_dir: str | Path, *, dtype: DType = "float32", device: str = "cpu") -> None:
+        from transformers import AutoModelForCausalLM
+
+        if dtype not in _TORCH_DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_TORCH_DTYPES)}, got {dtype!r}")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        self.device = torch.device(device)
+        self.dtype = _TORCH_DTYPES[dtype]
+        # sdpa: exact masking of right padding, and the same math for batch sizes 1 and N.
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=self.dtype, attn_implementation="sdpa")
+        self.model: Any = torch.nn.Module.to(model, self.device)
+        self.model.eval()
+        self.hidden_size = int(self.model.config.hidden_size)
+
+    @torch.inference_mode()
+    def prefill(self, prompt_tokens: Sequence[int], completion_tokens: Sequence[int]) -> Prefill:
+        """Recompute one completion: `hidden` [T, H] and `logprobs` [T, V], both float32."""
+        return self.prefill_many([(prompt_tokens, completion_tokens)])[0]
+
+    @torch.inference_mode()
+    def prefill_many(
+        self, pairs: Iterable[tuple[Sequence[int], Sequence[int]]], *, batch_size: int = 8
+    ) -> list[Prefill]:
+        """Batched `prefill`: right padding with an attention mask, so every real token keeps positions
+        0..L-1 and (causal attention) never sees a pad; results equal single prefills to float rounding."""
+        items = [(list(p), list(c)) for p, c in pairs]
+        for p, c in items:
+            if not p or not c:
+                raise ValueError("prefill needs a non-empty prompt and completion")
+        results: list[Prefill] = []
+        pad_id = 0
+        for start in range(0, len(items), batch_size):
+            chunk = items[start : start + batch_size]
+            # the last completion token is never fed: its state did not produce any token
+            seqs = [p + c[:-1] for p, c in chunk]
+            width = max(len(s) for s in seqs)
+            ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+            mask = torch.zeros((len(seqs), width), dtype=torch.long)
+            for b, s in enumerate(seqs):
+                ids[b, : len(s)] = torch.as_tensor(s)
+                mask[b, : len(s)] = 1
+            hidden = self.model.model(
+                input_ids=ids.to(self.device), attention_mask=mask.to(self.device)
+            ).last_hidden_state
+            for b, (p, c) in enumerate(chunk):
+                rows = hidden[b, len(p) - 1 : len(p) - 1 + len(c)]
+                logits = self.model.lm_head(rows)
+                results.append(
+                    Prefill(
+                        hidden=rows.to("cpu", torch.float32).clone(),
+                        logprobs=torch.log_softmax(logits.to(torch.float32), dim=-1).cpu(),
+                    )
+                )
+        return results
+
+    @torch.inference_mode()
+    def greedy(self, prompt_tokens: Sequence[int], max_tokens: int, eos_token_id: int | None = None) -> list[int]:
+        """Greedy decoding with transformers (for cross-checking an engine); stops after EOS."""
+        ids = torch.as_tensor([list(prompt_tokens)], device=self.device)
+        out = self.model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            eos_token_id=eos_token_id,
+            pad_token_id=eos_token_id if eos_token_id is not None else 0,
+        )
+        return out[0, ids.shape[1] :].tolist()
+
+
+class VllmPrefill:
+    """The validator's recomputation with vLLM's pooling runner, where vLLM is installed.
+
+    A second engine (`runner="pooling"`, per-token embeddings = final-norm hidden states, no activation)
+    returns the states for every position in one pass. It yields hidden states only (no logits), so it
+    serves TOPLOC checks; logprob checks use `HfPrefill`.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        dtype: DType = "float32",
+        max_model_len: int = 1024,
+        gpu: bool | None = None,
+        cpu_threads: int | None = 1,
+    ) -> None:
+        self.gpu = _gpu_available() if gpu is None else gpu
+        _configure_vllm_env(self.gpu)
+        if not self.gpu and cpu_threads is not None:
+            torch.set_num_threads(cpu_threads)  # see VllmEngine
+        from vllm import LLM
+        from vllm.config import PoolerConfig
+
+        self._llm: LLM | None = LLM(
+            model=str(model_dir),
+            runner="pooling",
+            convert="embed",
+            pooler_config=PoolerConfig(task="token_embed", tok_pooling_type="ALL", use_activation=False),
+            dtype=dtype,
+            max_model_len=max_model_len,
+            enforce_eager=not self.gpu,
+            enable_prefix_caching=False,
+            disable_log_stats=True,
+        )
+
+    def prefill_hidden(self, pairs: Iterable[tuple[Sequence[int], Sequence[int]]]) -> list[torch.Tensor]:
+        """[T, H] float32 hidden states per (prompt, completion), rows as in `Completion.hidden`."""
+        if self._llm is None:
+            raise RuntimeError("engine is closed")
+        items = [(list(p), list(c)) for p, c in pairs]
+        prompts: list[Any] = [{"prompt_token_ids": p + c[:-1]} for p, c in items]
+        outs = self._llm.encode(prompts, pooling_task="token_embed", use_tqdm=False)
+        result = []
+        for (p, c), out in zip(items, outs, strict=True):
+            data = out.outputs.data
+            result.append(data[len(p) - 1 : len(p) - 1 + len(c)].to(torch.float32).clone())
+        return result
+
+    def close(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            _shutdown_llm(llm, self.gpu)
+
+
+__all__: list[str] = [
+    "Completion",
+    "HfPrefill",
+    "Prefill",
+    "SamplingSpec",
+    "VllmEngine",
+    "VllmPrefill",
+    "completion_seed",
+]
