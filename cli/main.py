@@ -838,6 +838,78 @@ def audit_cmd(s: Settings, pool_id: int, node: str | None) -> None:
         sys.exit(1)
 
 
+# ---------------------------------------------------------------------------------------- toploc
+
+
+@cli.group("toploc")
+def toploc_group() -> None:
+    """TOPLOC proof thresholds."""
+
+
+@toploc_group.command("calibrate")
+@click.option("--model", default="tiny", show_default=True, help="tiny, smollm2, or a local model folder.")
+@click.option("--out", type=click.Path(dir_okay=False), help="Thresholds file to write (default: print).")
+@click.option("--prompts", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--samples", type=click.IntRange(min=1), default=2, show_default=True, help="Completions per prompt.")
+@click.option("--max-tokens", type=click.IntRange(min=8), default=64, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--cache", type=click.Path(file_okay=False), help="Keep generated rollouts here and reuse them on a rerun."
+)
+@click.option(
+    "--precision",
+    type=click.Choice(["any", "fp32", "bf16"]),
+    default="any",
+    show_default=True,
+    help="Honest precision the pool allows: any (fp32 and bf16), or one mandated precision.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def toploc_calibrate(
+    model: str,
+    out: str | None,
+    prompts: int,
+    samples: int,
+    max_tokens: int,
+    seed: int,
+    cache: str | None,
+    precision: str,
+    as_json: bool,
+) -> None:
+    """Measure honest and tampered rollouts on MODEL and write thresholds that separate them.
+
+    Honest: fp32 and bf16 generation, batch sizes 1 and 8, checked by fp32 and bf16 prefills.
+    Tampered: other weights, 1 % weight noise, fp8 weights, another system prompt, a changed prompt
+    token, another model's tokens spliced in. Exits 1 if no thresholds separate them."""
+    from node.calibrate import CalibrationConfig, CalibrationFailed, calibrate
+
+    say = (lambda m: None) if as_json else (lambda m: click.echo(m, err=True))
+    try:
+        result = calibrate(
+            CalibrationConfig(model, prompts, samples, max_tokens, 1.0, seed, precision),
+            progress=say,
+            cache=Path(cache) if cache else None,
+        )
+    except CalibrationFailed as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    text = json.dumps(result.to_dict(), indent=2, sort_keys=True) + "\n"
+    if out:
+        Path(out).write_text(text)
+    t = result.toploc
+    summary = [
+        f"{model}: exponent mismatches <= {t.exp_mismatch_max}, mantissa error mean <= {t.mant_err_mean_max}, "
+        f"median <= {t.mant_err_median_max}, sign mismatches <= {t.sign_mismatch_max}; "
+        f"logprob error <= {result.sampling.logprob_max_abs}",
+    ]
+    if out:
+        summary.append(f"written to {out}")
+    if as_json or not out:
+        click.echo(text, nl=False)
+    else:
+        for line in summary:
+            click.echo(line)
+
+
 # ---------------------------------------------------------------------------------------- devnet
 
 

@@ -31,8 +31,18 @@ from .toploc import Thresholds, build_proofs, verify_proofs
 from .verify import Calibrated
 
 HONEST = ("honest_fp32_batch8", "honest_fp32_batch1", "honest_bf16_batch8")
-TAMPERED = ("other_weights", "weights_noise_1pct", "weights_fp8", "system_prompt", "changed_prompt_token", "spliced_tokens")
+TAMPERED = (
+    "other_weights",
+    "weights_noise_1pct",
+    "weights_fp8",
+    "system_prompt",
+    "changed_prompt_token",
+    "spliced_tokens",
+)
 METRICS = ("exp_mismatches", "mant_err_mean", "mant_err_median", "sign_mismatches")
+# The logprob error of the sampled tokens (a sampling check) separates what TOPLOC alone may not:
+# on a 135M model, weights with 1 % noise stay within bf16 TOPLOC noise but not within its logprobs.
+ALL_METRICS = (*METRICS, "logprob_err")
 
 
 @dataclass(frozen=True)
@@ -43,6 +53,9 @@ class CalibrationConfig:
     max_tokens: int = 64
     temperature: float = 1.0
     seed: int = 0
+    # Which honest variations the thresholds must accept: "any" (fp32 and bf16 generation, checked
+    # by fp32 and bf16 prefills), or one pool-mandated precision for generation and prefill alike.
+    precision: str = "any"
 
 
 # ------------------------------------------------------------------------------ weight tampering
@@ -123,16 +136,28 @@ def _generate_jobs(spec_path: str, out_path: str) -> None:
                 groups = [engine.generate([p], sampling, n=spec["samples"])[0] for p in gen]
             for i, group in enumerate(groups):
                 for c in group:
-                    records.append({
-                        "job": job["name"], "group": i, "prompt": claimed[i], "tokens": c.tokens,
-                        "logprobs": c.logprobs, "finish": c.finish_reason, "hidden": c.hidden,
-                    })
+                    records.append(
+                        {
+                            "job": job["name"],
+                            "group": i,
+                            "prompt": claimed[i],
+                            "tokens": c.tokens,
+                            "logprobs": c.logprobs,
+                            "finish": c.finish_reason,
+                            "hidden": c.hidden,
+                        }
+                    )
     torch.save(records, out_path)
 
 
-def _run_child(model_dir: Path, dtype: str, jobs: list[dict[str, Any]], cfg: CalibrationConfig, tmp: Path, tag: str) -> list[dict[str, Any]]:
+def _run_child(
+    model_dir: Path, dtype: str, jobs: list[dict[str, Any]], cfg: CalibrationConfig, tmp: Path, tag: str
+) -> list[dict[str, Any]]:
     spec = {
-        "model_dir": str(model_dir), "dtype": dtype, "samples": cfg.samples, "jobs": jobs,
+        "model_dir": str(model_dir),
+        "dtype": dtype,
+        "samples": cfg.samples,
+        "jobs": jobs,
         "sampling": {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens, "seed": cfg.seed},
     }
     spec_path, out_path = tmp / f"{tag}.json", tmp / f"{tag}.pt"
@@ -140,7 +165,10 @@ def _run_child(model_dir: Path, dtype: str, jobs: list[dict[str, Any]], cfg: Cal
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     p = subprocess.run(
         [sys.executable, "-m", "node.calibrate", "--child", str(spec_path), str(out_path)],
-        capture_output=True, text=True, env=env, timeout=1800,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
     )
     if p.returncode != 0:
         raise RuntimeError(f"generation child {tag} failed:\n{p.stderr[-3000:]}")
@@ -159,42 +187,91 @@ def _worst(chunks: list[dict[str, float]]) -> dict[str, float]:
     return {m: max(c[m] for c in chunks) for m in METRICS}
 
 
-def _rejected(worst: dict[str, float], thr: Thresholds) -> bool:
+def _rejected(worst: dict[str, float], thr: Thresholds, tol: SamplingTolerances) -> bool:
     return (
         worst["exp_mismatches"] > thr.exp_mismatch_max
         or worst["mant_err_mean"] > thr.mant_err_mean_max
         or worst["mant_err_median"] > thr.mant_err_median_max
         or worst["sign_mismatches"] > thr.sign_mismatch_max
+        or worst["logprob_err"] > tol.logprob_max_abs
     )
 
 
-def choose_thresholds(honest: list[dict[str, float]], tampered: list[dict[str, float]]) -> Thresholds:
-    """Honest maxima with a margin (x1.5 plus a small absolute slack per metric). Only if that
-    lets a tampered rollout through, metrics where the two sets separate are tightened to the
-    midpoint between the honest maximum and the tampered minimum."""
-    slack = {"exp_mismatches": 2, "mant_err_mean": 0.5, "mant_err_median": 0.5, "sign_mismatches": 1}
-    hi = {m: max(h[m] for h in honest) for m in METRICS}
-    values = {m: hi[m] * 1.5 + slack[m] for m in METRICS}
+_SLACK = {"exp_mismatches": 2, "mant_err_mean": 0.5, "mant_err_median": 0.5, "sign_mismatches": 1, "logprob_err": 0.01}
 
-    def build(v: dict[str, float]) -> Thresholds:
-        return Thresholds(
+
+def _build(v: dict[str, float]) -> tuple[Thresholds, SamplingTolerances]:
+    return (
+        Thresholds(
             exp_mismatch_max=int(v["exp_mismatches"]),
             mant_err_mean_max=round(v["mant_err_mean"], 3),
             mant_err_median_max=round(v["mant_err_median"], 3),
             sign_mismatch_max=int(v["sign_mismatches"]),
-        )
+        ),
+        SamplingTolerances(logprob_max_abs=round(v["logprob_err"], 5)),
+    )
 
-    thr = build(values)
-    if tampered and not all(_rejected(t, thr) for t in tampered):
-        for m in METRICS:
+
+def choose_thresholds(
+    honest: list[dict[str, float]], tampered: list[dict[str, float]]
+) -> tuple[Thresholds, SamplingTolerances]:
+    """Honest maxima with a margin (x1.5 plus a small absolute slack per metric). Only if that
+    lets a tampered rollout through, metrics where the two sets separate are tightened to the
+    midpoint between the honest maximum and the tampered minimum."""
+    hi = {m: max(h[m] for h in honest) for m in ALL_METRICS}
+    values = {m: hi[m] * 1.5 + _SLACK[m] for m in ALL_METRICS}
+    thr, tol = _build(values)
+    if tampered and not all(_rejected(t, thr, tol) for t in tampered):
+        for m in ALL_METRICS:
             lo = min(t[m] for t in tampered)
             if lo > hi[m]:
                 values[m] = min(values[m], (hi[m] + lo) / 2)
-        thr = build(values)
-    return thr
+        thr, tol = _build(values)
+    return thr, tol
 
 
-def calibrate(cfg: CalibrationConfig, progress: Callable[[str], None] = print) -> Calibrated:
+def _generate_all(
+    cfg: CalibrationConfig,
+    model_dir: Path,
+    prompts: list[list[int]],
+    system: list[list[int]],
+    changed: list[list[int]],
+    progress: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    started = time.monotonic()
+    base_jobs = [
+        {"name": "honest_fp32_batch8", "gen_prompts": prompts, "claimed_prompts": prompts, "batch": "all"},
+        {"name": "honest_fp32_batch1", "gen_prompts": prompts, "claimed_prompts": prompts, "batch": "single"},
+        {"name": "system_prompt", "gen_prompts": system, "claimed_prompts": prompts, "batch": "all"},
+        {"name": "changed_prompt_token", "gen_prompts": changed, "claimed_prompts": prompts, "batch": "all"},
+    ]
+    records: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="intellect-calibrate-") as tmpdir:
+        tmp = Path(tmpdir)
+        state = _load_state(model_dir)
+        variants = {
+            "other_weights": _write_variant(model_dir, tmp / "other", random_weights(model_dir, 1234)),
+            "weights_noise_1pct": _write_variant(model_dir, tmp / "noise", noisy_weights(state, 0.01, 99)),
+            "weights_fp8": _write_variant(model_dir, tmp / "fp8", fp8_weights(state)),
+        }
+        records += _run_child(model_dir, "float32", base_jobs, cfg, tmp, "base")
+        progress(
+            f"  generated honest fp32 (batch 8 and 1), system-prompt and changed-token rollouts ({time.monotonic() - started:.0f} s)"
+        )
+        bf16_jobs = [{"name": "honest_bf16_batch8", "gen_prompts": prompts, "claimed_prompts": prompts, "batch": "all"}]
+        records += _run_child(model_dir, "bfloat16", bf16_jobs, cfg, tmp, "bf16")
+        progress(f"  generated honest bf16 rollouts ({time.monotonic() - started:.0f} s)")
+        for name, d in variants.items():
+            job = [{"name": name, "gen_prompts": prompts, "claimed_prompts": prompts, "batch": "all"}]
+            records += _run_child(d, "float32", job, cfg, tmp, name)
+            progress(f"  generated {name} rollouts ({time.monotonic() - started:.0f} s)")
+    return records
+
+
+def measure(
+    cfg: CalibrationConfig, progress: Callable[[str], None] = print, cache: Path | None = None
+) -> dict[str, list[dict[str, float]]]:
+    """Generate every honest and tampered case and measure each rollout's worst chunk and logprob error."""
     from transformers import AutoTokenizer
 
     from .inference.engine import HfPrefill
@@ -213,31 +290,20 @@ def calibrate(cfg: CalibrationConfig, progress: Callable[[str], None] = print) -
     for p in changed:  # one prompt token (the last non-template one we can find) replaced
         j = max(0, len(p) - 3)
         p[j] = (p[j] + 7) % len(tok)
-    base_jobs = [
-        {"name": "honest_fp32_batch8", "gen_prompts": prompts, "claimed_prompts": prompts, "batch": "all"},
-        {"name": "honest_fp32_batch1", "gen_prompts": prompts, "claimed_prompts": prompts, "batch": "single"},
-        {"name": "system_prompt", "gen_prompts": system, "claimed_prompts": prompts, "batch": "all"},
-        {"name": "changed_prompt_token", "gen_prompts": changed, "claimed_prompts": prompts, "batch": "all"},
-    ]
-    records: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="intellect-calibrate-") as tmpdir:
-        tmp = Path(tmpdir)
-        state = _load_state(model_dir)
-        variants = {
-            "other_weights": _write_variant(model_dir, tmp / "other", random_weights(model_dir, 1234)),
-            "weights_noise_1pct": _write_variant(model_dir, tmp / "noise", noisy_weights(state, 0.01, 99)),
-            "weights_fp8": _write_variant(model_dir, tmp / "fp8", fp8_weights(state)),
-        }
-        progress(f"calibrating {cfg.model}: {cfg.prompts} prompts x {cfg.samples} samples, {cfg.max_tokens} tokens")
-        records += _run_child(model_dir, "float32", base_jobs, cfg, tmp, "base")
-        progress(f"  generated honest fp32 (batch 8 and 1), system-prompt and changed-token rollouts ({time.monotonic() - started:.0f} s)")
-        bf16_jobs = [{"name": "honest_bf16_batch8", "gen_prompts": prompts, "claimed_prompts": prompts, "batch": "all"}]
-        records += _run_child(model_dir, "bfloat16", bf16_jobs, cfg, tmp, "bf16")
-        progress(f"  generated honest bf16 rollouts ({time.monotonic() - started:.0f} s)")
-        for name, d in variants.items():
-            job = [{"name": name, "gen_prompts": prompts, "claimed_prompts": prompts, "batch": "all"}]
-            records += _run_child(d, "float32", job, cfg, tmp, name)
-            progress(f"  generated {name} rollouts ({time.monotonic() - started:.0f} s)")
+    progress(f"calibrating {cfg.model}: {cfg.prompts} prompts x {cfg.samples} samples, {cfg.max_tokens} tokens")
+    cached = (
+        cache / f"{cfg.model.replace('/', '_')}-{cfg.prompts}-{cfg.samples}-{cfg.max_tokens}-{cfg.seed}.pt"
+        if cache
+        else None
+    )
+    if cached is not None and cached.exists():
+        records = list(torch.load(cached, weights_only=False))
+        progress(f"  reusing generated rollouts from {cached}")
+    else:
+        records = _generate_all(cfg, model_dir, prompts, system, changed, progress)
+        if cached is not None:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(records, cached)
 
     # tokens of another model spliced into honest completions from the middle on (same prompt and
     # sample index: both jobs list completions group by group in the same order)
@@ -248,48 +314,82 @@ def calibrate(cfg: CalibrationConfig, progress: Callable[[str], None] = print) -
         m = min(len(o["tokens"]), len(h["tokens"])) - k
         if k < 1 or m < 1:
             continue
-        records.append({
-            "job": "spliced_tokens", "group": h["group"], "prompt": h["prompt"],
-            "tokens": h["tokens"][:k] + o["tokens"][k : k + m],
-            "logprobs": h["logprobs"][:k] + o["logprobs"][k : k + m],
-            "finish": "length", "hidden": torch.cat([h["hidden"][:k], o["hidden"][k : k + m]]),
-        })
+        records.append(
+            {
+                "job": "spliced_tokens",
+                "group": h["group"],
+                "prompt": h["prompt"],
+                "tokens": h["tokens"][:k] + o["tokens"][k : k + m],
+                "logprobs": h["logprobs"][:k] + o["logprobs"][k : k + m],
+                "finish": "length",
+                "hidden": torch.cat([h["hidden"][:k], o["hidden"][k : k + m]]),
+            }
+        )
 
     validators = {"hf_fp32": HfPrefill(model_dir, dtype="float32"), "hf_bf16": HfPrefill(model_dir, dtype="bfloat16")}
     per_case: dict[str, list[dict[str, float]]] = {}
-    logprob_err: dict[str, float] = {}
     for vname, v in validators.items():
         pre = v.prefill_many([(r["prompt"], r["tokens"]) for r in records])
         for r, p in zip(records, pre, strict=True):
             worst = _worst(_chunk_figures(r["hidden"], p.hidden))
-            case = f"{r['job']}@{vname}"
-            per_case.setdefault(case, []).append(worst)
-            err = float((p.token_logprobs(r["tokens"]).double() - torch.tensor(r["logprobs"], dtype=torch.float64)).abs().max())
-            logprob_err[case] = max(logprob_err.get(case, 0.0), err)
-    honest = [w for c, ws in per_case.items() if c.split("@")[0] in HONEST for w in ws]
-    tampered = [w for c, ws in per_case.items() if c.split("@")[0] in TAMPERED for w in ws]
-    thr = choose_thresholds(honest, tampered)
-    honest_lp = max(e for c, e in logprob_err.items() if c.split("@")[0] in HONEST)
-    tol = SamplingTolerances(logprob_max_abs=round(max(2 * honest_lp, 1e-3), 5))
+            mine = p.token_logprobs(r["tokens"]).double()
+            worst["logprob_err"] = float((mine - torch.tensor(r["logprobs"], dtype=torch.float64)).abs().max())
+            per_case.setdefault(f"{r['job']}@{vname}", []).append(worst)
+    progress(f"  verified {len(records)} rollouts with fp32 and bf16 prefills ({time.monotonic() - started:.0f} s)")
+    return per_case
 
-    report: dict[str, Any] = {"config": cfg.__dict__, "cases": {}, "seconds": round(time.monotonic() - started, 1)}
+
+def evaluate(
+    per_case: dict[str, list[dict[str, float]]], thr: Thresholds, tol: SamplingTolerances
+) -> tuple[dict[str, Any], list[str]]:
+    """Per case: how many rollouts the thresholds reject, and the figures' ranges; plus every
+    honest rollout rejected or tampered rollout accepted, as failures."""
+    cases: dict[str, Any] = {}
     failures = []
     for case, ws in sorted(per_case.items()):
         job = case.split("@")[0]
-        rejected = sum(_rejected(w, thr) for w in ws)
-        report["cases"][case] = {
+        rejected = sum(_rejected(w, thr, tol) for w in ws)
+        loose = SamplingTolerances(logprob_max_abs=float("inf"))
+        cases[case] = {
             "kind": "honest" if job in HONEST else "tampered",
             "rollouts": len(ws),
             "rejected": rejected,
-            "max": {m: max(w[m] for w in ws) for m in METRICS},
-            "min": {m: min(w[m] for w in ws) for m in METRICS},
-            "logprob_max_abs_err": logprob_err[case],
+            "by_toploc": sum(_rejected(w, thr, loose) for w in ws),
+            "max": {m: max(w[m] for w in ws) for m in ALL_METRICS},
+            "min": {m: min(w[m] for w in ws) for m in ALL_METRICS},
         }
         if job in HONEST and rejected:
             failures.append(f"{case}: {rejected} of {len(ws)} honest rollouts rejected")
         if job in TAMPERED and rejected != len(ws):
             failures.append(f"{case}: {len(ws) - rejected} of {len(ws)} tampered rollouts accepted")
-    report["failures"] = failures
+    return cases, failures
+
+
+def for_precision(per_case: dict[str, list[dict[str, float]]], precision: str) -> dict[str, list[dict[str, float]]]:
+    """The cases that matter for a pool that mandates `precision` ("any", "fp32" or "bf16")."""
+    if precision == "any":
+        return per_case
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision must be any, fp32 or bf16, not {precision!r}")
+    other = "bf16" if precision == "fp32" else "fp32"
+    return {
+        c: ws for c, ws in per_case.items() if c.endswith(f"@hf_{precision}") and not c.startswith(f"honest_{other}")
+    }
+
+
+def calibrate(cfg: CalibrationConfig, progress: Callable[[str], None] = print, cache: Path | None = None) -> Calibrated:
+    started = time.monotonic()
+    per_case = for_precision(measure(cfg, progress, cache), cfg.precision)
+    honest = [w for c, ws in per_case.items() if c.split("@")[0] in HONEST for w in ws]
+    tampered = [w for c, ws in per_case.items() if c.split("@")[0] in TAMPERED for w in ws]
+    thr, tol = choose_thresholds(honest, tampered)
+    cases, failures = evaluate(per_case, thr, tol)
+    report = {
+        "config": cfg.__dict__,
+        "cases": cases,
+        "failures": failures,
+        "seconds": round(time.monotonic() - started, 1),
+    }
     result = Calibrated(cfg.model, thr, tol, report)
     if failures:
         raise CalibrationFailed(result, failures)
@@ -298,7 +398,9 @@ def calibrate(cfg: CalibrationConfig, progress: Callable[[str], None] = print) -
 
 class CalibrationFailed(RuntimeError):
     def __init__(self, result: Calibrated, failures: list[str]) -> None:
-        super().__init__("calibration found no thresholds that separate honest from tampered rollouts: " + "; ".join(failures))
+        super().__init__(
+            "calibration found no thresholds that separate honest from tampered rollouts: " + "; ".join(failures)
+        )
         self.result = result
 
 

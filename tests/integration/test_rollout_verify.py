@@ -1,0 +1,169 @@
+"""The validator's whole check on rollout files made by the real vLLM engine on the tiny model:
+honest files pass; tampered models, prompts and tokens fail TOPLOC (with the shipped, calibrated
+thresholds); a temperature lie, a truncated completion, a reward lie and a foreign prompt fail the
+checks beyond TOPLOC."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from node.rollout.build import build_rollout_file
+from node.rollout.checks import Reason
+from node.rollout.file import RolloutFile, RolloutHeader, RolloutSample
+from node.tasks.math import MathEnv
+from node.tasks.prompts import prompt_encoder, stop_ids
+from node.verify import Calibrated, verify_file
+
+SEED = 11
+PROMPTS = 6
+SAMPLES = 2
+
+
+@pytest.fixture(scope="module")
+def tools(tiny_model: Path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    return {
+        "encode": prompt_encoder(tok),
+        "decode": lambda ids: tok.decode(ids, skip_special_tokens=True),
+        "stop": stop_ids(tok),
+        "env": MathEnv(),
+        "calibrated": Calibrated.load("tiny"),
+    }
+
+
+def make_file(engine, tools, *, temperature=1.0, claimed_temperature=None, max_tokens=48, batch="all", prompts=None):
+    from node.inference.engine import SamplingSpec
+
+    env = tools["env"]
+    problems = env.problems(SEED, PROMPTS)
+    encoded = prompts or [tools["encode"](p.prompt) for p in problems]
+    spec = SamplingSpec(
+        temperature=temperature, top_p=1.0, max_tokens=max_tokens, seed=SEED, stop_token_ids=tuple(tools["stop"])
+    )
+    if batch == "all":
+        groups = engine.generate(encoded, spec, n=SAMPLES)
+    else:
+        groups = [engine.generate([p], spec, n=SAMPLES)[0] for p in encoded]
+    if prompts is not None:  # claim the task's prompt, whatever was generated from
+        claimed = [tools["encode"](p.prompt) for p in problems]
+        for g, c in zip(groups, claimed, strict=True):
+            for comp in g:
+                comp.prompt_tokens = c
+    t = temperature if claimed_temperature is None else claimed_temperature
+    header = RolloutHeader(
+        1, "0x" + "ab" * 20, 0, "math", SEED, {"temperature": t, "top_p": 1.0, "max_tokens": max_tokens}, "tiny"
+    )
+    f = build_rollout_file(header, problems, groups, env=env, decode=tools["decode"])
+    return RolloutFile.from_bytes(f.to_bytes())  # through the wire format, as a validator gets it
+
+
+def verify(f, hf_prefill, tools):
+    def prefill(prompt, completion):
+        p = hf_prefill.prefill(prompt, completion)
+        return p.hidden, p.logprobs
+
+    return verify_file(
+        f,
+        prefill,
+        env=tools["env"],
+        encode_prompt=tools["encode"],
+        decode=tools["decode"],
+        stop_ids=tools["stop"],
+        calibrated=tools["calibrated"],
+    )
+
+
+@pytest.mark.parametrize("batch", ["all", "single"])
+def test_honest_rollout_files_verify(vllm_engine, hf_prefill, tools, batch):
+    f = make_file(vllm_engine, tools, batch=batch)
+    v = verify(f, hf_prefill, tools)
+    assert v.ok, v.to_dict()
+    assert len(v.samples) == PROMPTS * SAMPLES and all(s.verdict.ok for s in v.samples)
+    assert all(
+        ch["exp_mismatches"] <= tools["calibrated"].toploc.exp_mismatch_max for s in v.samples for ch in s.chunks
+    )
+
+
+@pytest.mark.parametrize(("actual", "claimed"), [(2.0, 1.0), (0.4, 1.0)])
+def test_temperature_lie_is_caught(vllm_engine, hf_prefill, tools, actual, claimed):
+    f = make_file(vllm_engine, tools, temperature=actual, claimed_temperature=claimed, max_tokens=64)
+    v = verify(f, hf_prefill, tools)
+    assert v.verdict.reason is Reason.TEMPERATURE_MISMATCH, v.to_dict()["verdict"]
+    # every single completion passed TOPLOC: the lie is only visible in the token statistics
+    assert all(s.verdict.ok for s in v.samples)
+
+
+def test_truncated_completion_is_caught(vllm_engine, hf_prefill, tools):
+    from node.toploc import build_proofs
+
+    f = make_file(vllm_engine, tools)
+    s = next(x for x in f.samples if x.finish_reason == "length")
+    k = len(s.completion_tokens) // 2
+    # a consistent forgery: fewer tokens, their logprobs, proofs rebuilt from the honest prefix states
+    hidden = hf_prefill.prefill(s.prompt_tokens, s.completion_tokens[:k]).hidden
+    cut = replace(s, completion_tokens=s.completion_tokens[:k], logprobs=s.logprobs[:k], proofs=build_proofs(hidden))
+    for reason in ("length", "stop"):
+        bad = RolloutFile(f.header, [replace(cut, finish_reason=reason)])
+        v = verify(RolloutFile.from_bytes(bad.to_bytes()), hf_prefill, tools)
+        assert v.verdict.reason is Reason.BAD_TERMINATION, v.to_dict()["verdict"]
+
+
+def test_reward_lie_and_foreign_prompt_are_caught(vllm_engine, hf_prefill, tools):
+    f = make_file(vllm_engine, tools)
+    s = f.samples[0]
+    lie = RolloutFile(f.header, [replace(s, reward=s.reward + 1.0)])
+    assert verify(lie, hf_prefill, tools).verdict.reason is Reason.REWARD_MISMATCH
+    other = RolloutFile(f.header, [replace(s, group=1)])  # the completion of task 0 filed under task 1
+    assert verify(other, hf_prefill, tools).verdict.reason is Reason.PROMPT_MISMATCH
+
+
+def test_other_prompt_generation_fails_toploc(vllm_engine, hf_prefill, tools):
+    env = tools["env"]
+    problems = env.problems(SEED, PROMPTS)
+    pirate = [tools["encode"]("You are a pirate. " + p.prompt) for p in problems]
+    f = make_file(vllm_engine, tools, prompts=pirate)
+    v = verify(f, hf_prefill, tools)
+    assert v.verdict.reason in (Reason.TOPLOC_EXPONENT, Reason.TOPLOC_MANTISSA), v.to_dict()["verdict"]
+    assert all(not s.verdict.ok for s in v.samples)
+
+
+def test_logprob_lie_is_caught(vllm_engine, hf_prefill, tools):
+    f = make_file(vllm_engine, tools)
+    s = f.samples[0]
+    lie = RolloutFile(f.header, [replace(s, logprobs=[x + 0.5 for x in s.logprobs])])
+    assert verify(lie, hf_prefill, tools).verdict.reason is Reason.LOGPROB_MISMATCH
+
+
+def test_malformed_proof_bytes_in_a_file(vllm_engine, hf_prefill, tools):
+    f = make_file(vllm_engine, tools)
+    s = f.samples[0]
+    zero_modulus = b"\x00\x00" + s.proofs[0][2:]
+    bad = RolloutFile(f.header, [RolloutSample(**{**s.__dict__, "proofs": [zero_modulus, *s.proofs[1:]]})])
+    v = verify(RolloutFile.from_bytes(bad.to_bytes()), hf_prefill, tools)
+    assert v.verdict.reason is Reason.PROOF_MALFORMED and "modulus" in v.verdict.detail
+
+
+@pytest.mark.slow
+def test_every_tamper_case_is_rejected_and_every_honest_case_accepted():
+    """The calibration cases (honest: fp32/bf16, batch 1/8, fp32/bf16 prefill; tampered: other
+    weights, 1 % noise, fp8 weights, system prompt, changed prompt token, spliced tokens), freshly
+    generated with other prompts than the calibration used, judged by the shipped thresholds."""
+    from node.calibrate import TAMPERED, CalibrationConfig, evaluate, measure
+
+    cal = Calibrated.load("tiny")
+    per_case = measure(CalibrationConfig("tiny", prompts=4, samples=2, max_tokens=48, seed=5), progress=lambda m: None)
+    cases, failures = evaluate(per_case, cal.toploc, cal.sampling)
+    assert failures == []
+    assert {c.split("@")[0] for c in cases} >= set(TAMPERED)
+    for case, r in cases.items():
+        if r["kind"] == "tampered":
+            assert r["rejected"] == r["rollouts"] > 0, case
+            if case.split("@")[0] in ("other_weights", "system_prompt", "changed_prompt_token", "spliced_tokens"):
+                assert r["by_toploc"] == r["rollouts"], f"{case}: not all rejected by TOPLOC itself"
+        else:
+            assert r["rejected"] == 0, case
