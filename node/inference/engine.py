@@ -303,6 +303,12 @@ class VllmEngine:
             "logprobs_mode": "raw_logprobs",
             "disable_log_stats": True,
         }
+        if not self.gpu:
+            # No partial prefills: when a step's token budget cuts a prompt, vLLM discards that
+            # request's sampled token and rewinds its seeded generator, which CPU generators cannot
+            # do ("CPU Generator does not use offset"), so a large seeded batch would crash.
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(max_model_len, 8192)
         if self.gpu:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         if max_num_seqs is not None:
