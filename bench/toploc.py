@@ -1,8 +1,9 @@
 """TOPLOC costs on this machine, measured in one run with the tiny model (or --model).
 
-Prints: proof bytes per 32 generated tokens; proof building time as a fraction of generation time;
-and the validator's prefill speed over the same tokens relative to generation speed. Ends with one
-JSON line.
+Prints: proof bytes per 32 generated tokens; proof building time as a fraction of (batched)
+generation time; and the validator's prefill speed over the same tokens relative to generation
+speed: per sequence (decoding one sequence token by token vs one prefill over it, the TOPLOC
+claim) and batched (vLLM's batched throughput vs batched prefill). Ends with one JSON line.
 
     .venv/bin/python bench/toploc.py [--model tiny] [--prompts 16] [--samples 4] [--max-tokens 128]
 """
@@ -11,8 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
+
+import torch
 
 from node.inference.engine import HfPrefill, SamplingSpec, VllmEngine
 from node.inference.models import ensure_model
@@ -21,14 +27,11 @@ from node.tasks.prompts import prompt_encoder
 from node.toploc import build_proofs, verify_proofs
 
 
-def main() -> dict[str, float]:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="tiny")
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--samples", type=int, default=4)
-    ap.add_argument("--max-tokens", type=int, default=128)
-    args = ap.parse_args()
+def generate(args: argparse.Namespace) -> None:
+    """Child process: vLLM generation, batched and one sequence at a time, with timings.
 
+    Generation runs in its own process because a vLLM engine pins the process to one torch thread;
+    the validator's prefill then gets the machine's threads, as a validator process would."""
     from transformers import AutoTokenizer
 
     model_dir = ensure_model(args.model)
@@ -39,9 +42,38 @@ def main() -> dict[str, float]:
         engine.generate(prompts[:2], SamplingSpec(1.0, 1.0, 8, 0))  # warm-up
         t0 = time.perf_counter()
         groups = engine.generate(prompts, sampling, n=args.samples)
-        gen_s = time.perf_counter() - t0
-    completions = [c for g in groups for c in g]
+        batched_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        singles = [engine.generate([p], sampling, n=1)[0][0] for p in prompts[: args.singles]]
+        single_s = time.perf_counter() - t0
+    rows = [c for g in groups for c in g]
+    torch.save({"batched": rows, "batched_s": batched_s, "singles": singles, "single_s": single_s}, args.child)
+
+
+def main(args: argparse.Namespace) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "gen.pt"
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            str(out),
+            "--model",
+            args.model,
+            "--prompts",
+            str(args.prompts),
+            "--samples",
+            str(args.samples),
+            "--max-tokens",
+            str(args.max_tokens),
+            "--singles",
+            str(args.singles),
+        ]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        gen = torch.load(out, weights_only=False)
+    completions, singles = gen["batched"], gen["singles"]
     tokens = sum(len(c.tokens) for c in completions)
+    single_tokens = sum(len(c.tokens) for c in singles)
 
     t0 = time.perf_counter()
     proofs = [build_proofs(c.hidden) for c in completions]
@@ -49,33 +81,50 @@ def main() -> dict[str, float]:
     n_proofs = sum(len(p) for p in proofs)
     proof_bytes = sum(len(b) for p in proofs for b in p)
 
-    validator = HfPrefill(model_dir, dtype="float32")
+    validator = HfPrefill(ensure_model(args.model), dtype="float32")
     validator.prefill_many([(c.prompt_tokens, c.tokens) for c in completions[:4]])  # warm-up
     t0 = time.perf_counter()
-    pre = validator.prefill_many([(c.prompt_tokens, c.tokens) for c in completions])
+    for c in singles:
+        validator.prefill(c.prompt_tokens, c.tokens)
+    prefill_single_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    pre = validator.prefill_many([(c.prompt_tokens, c.tokens) for c in completions], batch_size=16)
     prefill_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    worst = max(ch.exp_mismatches for c, p, pr in zip(completions, pre, proofs, strict=True) for ch in verify_proofs(p.hidden, pr))
+    worst = max(ch.exp_mismatches for p, pr in zip(pre, proofs, strict=True) for ch in verify_proofs(p.hidden, pr))
     verify_s = time.perf_counter() - t0
 
-    out = {
+    return {
         "model": args.model,
         "completions": len(completions),
         "generated_tokens": tokens,
         "proof_bytes_per_32_tokens": proof_bytes / n_proofs,
-        "generation_tokens_per_s": tokens / gen_s,
         "proof_build_ms_per_chunk": 1e3 * build_s / n_proofs,
-        "proof_overhead_fraction": build_s / gen_s,
-        "prefill_tokens_per_s": tokens / prefill_s,
-        "prefill_vs_generation_speed": gen_s / prefill_s,
+        "proof_overhead_fraction": build_s / gen["batched_s"],
+        "generation_tokens_per_s_batched": tokens / gen["batched_s"],
+        "prefill_tokens_per_s_batched": tokens / prefill_s,
+        "prefill_vs_generation_speed_batched": gen["batched_s"] / tokens * tokens / prefill_s,
+        "generation_tokens_per_s_per_sequence": single_tokens / gen["single_s"],
+        "prefill_tokens_per_s_per_sequence": single_tokens / prefill_single_s,
+        "prefill_vs_generation_speed": gen["single_s"] / prefill_single_s,
         "verify_ms_per_chunk": 1e3 * verify_s / n_proofs,
         "honest_worst_exp_mismatches": worst,
     }
-    return out
 
 
 if __name__ == "__main__":
-    figures = main()
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--singles", type=int, default=6, help="sequences generated and prefilled one at a time")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        generate(a)
+        sys.exit(0)
+    figures = main(a)
     for k, v in figures.items():
         print(f"{k:32s} {v}", file=sys.stderr)
     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in figures.items()}))
