@@ -60,6 +60,7 @@ devnet: $(STAMPS)/npm $(STAMPS)/venv
 
 bench: $(STAMPS)/npm $(STAMPS)/venv
 	$(PY) bench/gas.py
+	$(PY) bench/toploc.py
 
 clean:
 	rm -rf $(STAMPS) contracts/out contracts/cache
