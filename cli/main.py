@@ -910,6 +910,60 @@ def toploc_calibrate(
             click.echo(line)
 
 
+@cli.group("rollout")
+def rollout_group() -> None:
+    """Inspect and verify rollout files."""
+
+
+@rollout_group.command("verify")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--model", default=None, help="Model to prefill with (default: the file's model).")
+@click.option("--thresholds", help="Thresholds file or model name (default: the model's shipped thresholds).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def rollout_verify(file: str, model: str | None, thresholds: str | None, dtype: str, as_json: bool) -> None:
+    """Run the validator's checks on a rollout file; exits 1 if it fails."""
+    from transformers import AutoTokenizer
+
+    from node.inference.engine import HfPrefill
+    from node.inference.models import ensure_model
+    from node.rollout.file import RolloutFile, RolloutFormatError, work_key
+    from node.tasks import get_env
+    from node.tasks.prompts import prompt_encoder, stop_ids
+    from node.verify import Calibrated, verify_file
+
+    data = Path(file).read_bytes()
+    try:
+        f = RolloutFile.from_bytes(data)
+        name = model or f.header.model
+        cal = Calibrated.load(thresholds or name)
+        env = get_env(f.header.env)
+    except (RolloutFormatError, ValueError) as exc:
+        raise ChainError(f"{file}: {exc}") from None
+    model_dir = ensure_model(name)
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    prefill = HfPrefill(model_dir, dtype=dtype)  # type: ignore[arg-type]
+
+    def run_prefill(prompt: list[int], completion: list[int]) -> Any:
+        p = prefill.prefill(prompt, completion)
+        return p.hidden, p.logprobs
+
+    v = verify_file(
+        f,
+        run_prefill,
+        env=env,
+        encode_prompt=prompt_encoder(tok),
+        decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+        stop_ids=stop_ids(tok),
+        calibrated=cal,
+    )
+    d = v.to_dict() | {"work_key": work_key(data), "units": f.units}
+    line = f"{file}: {'valid' if v.ok else 'INVALID: ' + str(v.verdict.reason) + ' (' + v.verdict.detail + ')'}"
+    output(Settings(None, "", None, as_json), d, line)
+    if not v.ok:
+        sys.exit(1)
+
+
 # ---------------------------------------------------------------------------------------- devnet
 
 

@@ -167,3 +167,25 @@ def test_every_tamper_case_is_rejected_and_every_honest_case_accepted():
                 assert r["by_toploc"] == r["rollouts"], f"{case}: not all rejected by TOPLOC itself"
         else:
             assert r["rejected"] == 0, case
+
+
+def test_rollout_verify_command(vllm_engine, tools, tmp_path, capsys):
+    import json
+
+    from cli.main import entry
+
+    f = make_file(vllm_engine, tools)
+    good = tmp_path / "good.parquet"
+    good.write_bytes(f.to_bytes())
+    assert entry(["rollout", "verify", str(good), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is True and out["units"] == f.units and out["work_key"].startswith("0x")
+    s = f.samples[0]
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(RolloutFile(f.header, [replace(s, reward=s.reward + 1)]).to_bytes())
+    assert entry(["rollout", "verify", str(bad)]) == 1
+    assert "INVALID: reward_mismatch" in capsys.readouterr().out
+    junk = tmp_path / "junk.parquet"
+    junk.write_bytes(b"not parquet")
+    assert entry(["rollout", "verify", str(junk)]) == 1
+    assert "not a readable parquet file" in capsys.readouterr().err
