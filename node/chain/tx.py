@@ -257,4 +257,3 @@ class TxSender:
         if receipt.gas_used >= tx["gas"]:
             return ChainError(f"{what}: transaction {receipt.tx_hash} ran out of gas ({tx['gas']})")
         return ChainError(f"{what}: transaction {receipt.tx_hash} reverted on chain")
-

@@ -1,0 +1,36 @@
+"""Peer-to-peer layer. `envelope` and `rules` are the pure protocol core (no I/O, no clock: time is a
+parameter); the libp2p/trio host only moves bytes and calls `MessageValidator.check` and `PeerScore`."""
+
+from .envelope import (
+    KINDS,
+    MAX_ENVELOPE_BYTES,
+    VERSION,
+    Envelope,
+    EnvelopeError,
+    RejectReason,
+    decode,
+    encode,
+    recover_sender,
+    seal,
+    signing_payload,
+)
+from .rules import Membership, MessageValidator, PeerScore, ReplayWindow, normalize_address
+
+__all__ = [
+    "KINDS",
+    "MAX_ENVELOPE_BYTES",
+    "VERSION",
+    "Envelope",
+    "EnvelopeError",
+    "Membership",
+    "MessageValidator",
+    "PeerScore",
+    "RejectReason",
+    "ReplayWindow",
+    "decode",
+    "encode",
+    "normalize_address",
+    "recover_sender",
+    "seal",
+    "signing_payload",
+]
