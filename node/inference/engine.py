@@ -549,7 +549,8 @@ class VllmPrefill:
 
     A second engine (`runner="pooling"`, per-token embeddings = final-norm hidden states, no activation)
     returns the states for every position in one pass. It yields hidden states only (no logits), so it
-    serves TOPLOC checks; logprob checks use `HfPrefill`.
+    serves TOPLOC checks; logprob checks use `HfPrefill`. Give it a process of its own: in-process vLLM
+    engines share global parallel state, and closing one breaks any other engine in that process.
     """
 
     def __init__(

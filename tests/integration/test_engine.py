@@ -295,15 +295,30 @@ def test_reload_weights_changes_and_restores(
     assert reload_s < 5
 
 
-def test_vllm_pooling_prefill_matches(vllm_engine: VllmEngine, tiny_model: Path, prompts: list[list[int]]) -> None:
-    from node.inference.engine import VllmPrefill
+def test_vllm_pooling_prefill_matches(
+    vllm_engine: VllmEngine, tiny_model: Path, prompts: list[list[int]], tmp_path: Path
+) -> None:
+    """The pooling engine runs in a child process: vLLM engines in one process share global parallel
+    state, and shutting a second one down would break the session engine for the tests after this."""
+    import subprocess
+    import sys
 
     out = vllm_engine.generate(prompts, SamplingSpec(temperature=1.0, top_p=1.0, max_tokens=40, seed=4))
-    pool = VllmPrefill(tiny_model, dtype="float32")
-    try:
-        states = pool.prefill_hidden([(r[0].prompt_tokens, r[0].tokens) for r in out])
-    finally:
-        pool.close()
+    pairs = [(r[0].prompt_tokens, r[0].tokens) for r in out]
+    src, dst = tmp_path / "pairs.pt", tmp_path / "states.pt"
+    torch.save(pairs, src)
+    script = (
+        "import sys, torch\n"
+        "from node.inference.engine import VllmPrefill\n"
+        "pool = VllmPrefill(sys.argv[1], dtype='float32')\n"
+        "torch.save(pool.prefill_hidden(torch.load(sys.argv[2])), sys.argv[3])\n"
+        "pool.close()\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", script, str(tiny_model), str(src), str(dst)], capture_output=True, text=True, timeout=300
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    states = torch.load(dst)
     for r, h in zip(out, states, strict=True):
         assert h.shape == r[0].hidden.shape
         assert float((h - r[0].hidden).abs().max()) < 1e-4
@@ -332,10 +347,26 @@ def test_smollm2_conversion(tmp_path: Path) -> None:
     expected = hf.greedy(prompt, 16, eos_token_id=tok.eos_token_id)
     assert "5" in tok.decode(expected)
 
-    engine = VllmEngine(path, dtype="float32", max_model_len=512)
-    try:
-        c = engine.generate([prompt], SamplingSpec(temperature=0.0, top_p=1.0, max_tokens=16, seed=0))[0][0]
-    finally:
-        engine.close()
+    # A second engine in this process would share (and on close tear down) vLLM's global parallel
+    # state with the session engine, so this one runs in a child process.
+    import subprocess
+    import sys
+
+    out = tmp_path / "completion.pt"
+    script = (
+        "import sys, torch\n"
+        "from node.inference.engine import SamplingSpec, VllmEngine\n"
+        "with VllmEngine(sys.argv[1], dtype='float32', max_model_len=512) as e:\n"
+        "    c = e.generate([eval(sys.argv[2])], SamplingSpec(0.0, 1.0, 16, 0))[0][0]\n"
+        "torch.save(c, sys.argv[3])\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", script, str(path), repr(list(prompt)), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    c = torch.load(out, weights_only=False)
     assert c.tokens == expected
     check_against_prefill(c, hf, tol=1e-3)
