@@ -1,0 +1,607 @@
+"""libp2p host layer: TCP + Noise + Yamux, GossipSub 1.1 and request-response streams under trio.
+
+This module only moves bytes.  Message semantics (envelopes, membership, replay windows) live in the
+pure core and plug in through the ``validator`` callback, which sees every gossip message received
+from another peer before it is delivered or forwarded.
+
+Identity: the libp2p key *is* the node's Ethereum secp256k1 key, so the peer id embeds the public
+key and any receiver can derive the sender's Ethereum address from it without an extra handshake.
+
+py-libp2p 0.8.1 facts this module works around (see shared/TOOLCHAIN.md):
+- the outbound per-peer RPC queue (32) and the subscription channel (32) drop silently; we raise the
+  queue size, count drops, and deliver into our own bounded, always-drained channels;
+- spam protection defaults to 10 msg/s per peer and topic; we set a realistic limit;
+- pubsub must run before the first dial, or it never sees those connections;
+- queued publishes are lost on exit, so ``__aexit__`` waits (bounded) for the queues to drain.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections import defaultdict, deque
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from contextlib import AsyncExitStack, suppress
+from functools import lru_cache
+from types import TracebackType
+from typing import Any
+
+import multiaddr
+import trio
+from eth_keys import keys as eth_keys_mod
+from libp2p import new_host
+from libp2p.abc import IHost, INetStream
+from libp2p.crypto.keys import KeyPair
+from libp2p.crypto.secp256k1 import Secp256k1PublicKey, create_new_key_pair
+from libp2p.custom_types import TProtocol
+from libp2p.network.config import ConnectionConfig
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.pubsub import pubsub as _pubsub_module
+from libp2p.pubsub.gossipsub import PROTOCOL_ID as GOSSIPSUB_PROTOCOL_ID
+from libp2p.pubsub.gossipsub import GossipSub
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.pubsub.rpc_queue import RpcQueue
+from libp2p.tools.anyio_service import background_trio_service
+
+logger = logging.getLogger(__name__)
+
+Validator = Callable[[str, bytes, str], bool]
+"""``validator(topic, data, sender_address) -> accept``; sender is the message originator."""
+
+Handler = Callable[[bytes, str], Awaitable[bytes]]
+"""``handler(request, sender_address) -> response`` for a request-response protocol."""
+
+# Outbound per-peer queue size.  The library default (32) drops publishes under any burst; 4096
+# RPCs per peer is a few MiB at our message sizes, bounded, and the drops that remain are counted.
+OUTBOUND_QUEUE_SIZE = 4096
+DEFAULT_MAX_MESSAGE = 1 << 20
+DEFAULT_MAX_REQUEST = 4 << 20
+DEFAULT_MAX_RESPONSE = 16 << 20
+SUBSCRIPTION_BUFFER = 4096
+# Realistic per-peer, per-topic spam limit (msg/s); the library default of 10 starves honest bursts.
+SPAM_LIMIT_PER_SECOND = 5000.0
+
+# Flush heuristics: a receiver's pubsub loop handles roughly 500-1000 signed msg/s in one process;
+# 400/s keeps the linger on the safe side.
+_RECEIVER_RATE = 400.0
+_BACKLOG_WINDOW_S = 3.0
+
+_STATUS_OK = 0
+_STATUS_ERR = 1
+_LEN = struct.Struct(">I")
+
+# Modules that log ERROR/WARNING for ordinary churn (a peer that went away, a refused dial).
+_NOISY_LOGGERS = (
+    "libp2p.network.swarm",
+    "libp2p.network.connection",
+    "libp2p.transport.tcp.tcp",
+    "libp2p.transport.upgrader",
+    "libp2p.host.basic_host",
+    "libp2p.pubsub.pubsub",
+    "libp2p.pubsub.gossipsub",
+    "libp2p.stream_muxer.yamux.yamux",
+    "libp2p.identity.identify.identify",
+    "libp2p.identity.identify_push.identify_push",
+    "libp2p.host.ping",
+    "libp2p.security.noise",
+)
+
+
+class P2PError(Exception):
+    """Any failure of the p2p layer that a caller should handle: dial, timeout, size, remote error."""
+
+
+class _BigRpcQueue(RpcQueue):
+    """RpcQueue with a larger default bound, so bursts are not dropped at 32 queued RPCs."""
+
+    def __init__(self, max_size: int = OUTBOUND_QUEUE_SIZE, max_message_size: int = DEFAULT_MAX_MESSAGE) -> None:
+        super().__init__(max_size=max_size, max_message_size=max_message_size)
+
+
+# Pubsub creates its per-peer queues as ``RpcQueue()`` from its module namespace; the size is a
+# default argument, so the only hook is the module attribute.  Idempotent and process-wide.
+_pubsub_module.RpcQueue = _BigRpcQueue  # type: ignore[misc]
+
+
+def quiet_libp2p_logs(level: int = logging.CRITICAL) -> None:
+    """Silence the libp2p modules that log ERROR lines for dead peers (pitfall 5); ours still log."""
+    for name in _NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+
+
+def identity_from_eth_key(private_key: bytes) -> KeyPair:
+    """libp2p secp256k1 key pair from the 32-byte Ethereum private key: one key, one identity."""
+    if len(private_key) != 32:
+        raise ValueError("expected a 32-byte secp256k1 private key")
+    return create_new_key_pair(private_key)
+
+
+@lru_cache(maxsize=4096)
+def _address_from_id_bytes(id_bytes: bytes) -> str:
+    pub = ID(id_bytes).extract_public_key()
+    if not isinstance(pub, Secp256k1PublicKey):
+        raise P2PError("peer id does not embed a secp256k1 public key")
+    return eth_keys_mod.PublicKey.from_compressed_bytes(pub.to_bytes()).to_checksum_address()
+
+
+def eth_address_from_peer_id(peer_id: ID | str) -> str:
+    """Checksummed Ethereum address of the key embedded in a peer id (cached: called per message)."""
+    pid = ID.from_base58(peer_id) if isinstance(peer_id, str) else peer_id
+    return _address_from_id_bytes(pid.to_bytes())
+
+
+def _safe_address(peer_id: ID) -> str:
+    try:
+        return eth_address_from_peer_id(peer_id)
+    except Exception:
+        return f"peer:{peer_id}"
+
+
+async def _read_exactly(stream: INetStream, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = await stream.read(n - len(buf))
+        if not chunk:
+            raise P2PError("stream closed early")
+        buf += chunk
+    return bytes(buf)
+
+
+async def _read_frame(stream: INetStream, max_size: int) -> bytes:
+    (size,) = _LEN.unpack(await _read_exactly(stream, _LEN.size))
+    if size > max_size:
+        raise P2PError(f"frame of {size} bytes exceeds limit {max_size}")
+    return await _read_exactly(stream, size)
+
+
+def _frame(data: bytes) -> bytes:
+    return _LEN.pack(len(data)) + data
+
+
+class _NodePubsub(Pubsub):
+    """Pubsub that hands messages to the node instead of its own 32-slot subscription channels."""
+
+    def __init__(self, host: IHost, router: GossipSub, deliver: Callable[[rpc_pb2.Message], None], **kw: Any) -> None:
+        super().__init__(host, router, **kw)
+        self._deliver = deliver
+
+    def notify_subscriptions(self, publish_message: rpc_pb2.Message) -> None:
+        self._deliver(publish_message)
+
+
+class _CountingGossipSub(GossipSub):
+    """GossipSub that counts the RPCs it drops (full queue, oversize) instead of only debug-logging."""
+
+    dropped_rpcs: int = 0
+
+    def _handle_dropped_rpc(self, peer_id: ID, rpc: rpc_pb2.RPC, reason: str) -> None:
+        self.dropped_rpcs += 1
+        if self.dropped_rpcs == 1 or self.dropped_rpcs % 1000 == 0:
+            logger.warning("gossip: dropped %d outbound RPCs (last: %s to %s)", self.dropped_rpcs, reason, peer_id)
+        super()._handle_dropped_rpc(peer_id, rpc, reason)
+
+
+class P2PNode:
+    """One libp2p host with gossip and request-response, run as an async context manager."""
+
+    def __init__(
+        self,
+        *,
+        private_key: bytes,
+        listen: str = "/ip4/127.0.0.1/tcp/0",
+        topics: Iterable[str] = (),
+        validator: Validator | None = None,
+        bootstrap: Iterable[str] = (),
+        degree: int = 6,
+        degree_low: int = 4,
+        degree_high: int = 12,
+        heartbeat_interval: int = 1,
+        spam_limit_per_second: float = SPAM_LIMIT_PER_SECOND,
+        max_message_size: int = DEFAULT_MAX_MESSAGE,
+        max_request_size: int = DEFAULT_MAX_REQUEST,
+        subscription_buffer: int = SUBSCRIPTION_BUFFER,
+        deliver_own: bool = False,
+        bootstrap_max_failures: int = 30,
+        flush_timeout: float = 5.0,
+        quiet_logs: bool = True,
+    ) -> None:
+        self._key_pair = identity_from_eth_key(private_key)
+        self._listen = multiaddr.Multiaddr(listen)
+        self._initial_topics = list(dict.fromkeys(topics))
+        self._validator = validator
+        self._bootstrap = list(bootstrap)
+        self._gossip_params = (degree, degree_low, degree_high, heartbeat_interval, spam_limit_per_second)
+        self.max_message_size = max_message_size
+        self.max_request_size = max_request_size
+        self._subscription_buffer = subscription_buffer
+        self._deliver_own = deliver_own
+        self._bootstrap_max_failures = bootstrap_max_failures
+        self._flush_timeout = flush_timeout
+        if quiet_logs:
+            quiet_libp2p_logs()
+
+        self.peer_id: ID = ID.from_pubkey(self._key_pair.public_key)
+        self.address: str = eth_address_from_peer_id(self.peer_id)
+        self.rejections: defaultdict[str, int] = defaultdict(int)
+        """Gossip messages rejected by the validator, keyed by the forwarding peer's address."""
+        self.dropped: defaultdict[str, int] = defaultdict(int)
+        """Messages dropped because a subscriber's buffer was full, per topic."""
+
+        self._subs: dict[str, list[trio.MemorySendChannel[tuple[bytes, str]]]] = {}
+        self._joined: set[str] = set()
+        self._handlers: dict[str, Handler] = {}
+        self._publish_times: deque[float] = deque(maxlen=10_000)
+        self._stack: AsyncExitStack | None = None
+        self._nursery: trio.Nursery | None = None
+        self._host: IHost | None = None
+        self._pubsub: _NodePubsub | None = None
+        self._gossipsub: _CountingGossipSub | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> P2PNode:
+        degree, low, high, heartbeat, spam = self._gossip_params
+        host = new_host(
+            key_pair=self._key_pair,
+            listen_addrs=[self._listen],
+            muxer_preference="YAMUX",
+            # One connection per peer: connect takes ~18 ms instead of ~250 ms.
+            connection_config=ConnectionConfig(max_connections_per_peer=1),
+        )
+        # The swarm's auto-connector aims at (low+high watermark)/2 = 150 connections and re-dials
+        # every peer in the peerstore, dead ones included, with an INFO/ERROR log line per cycle.
+        # No config value turns it off (the target is a midpoint), so its step is disabled here;
+        # reconnection to the peers we care about is the bootstrap loop's job.
+        auto_connector = getattr(host.get_network(), "auto_connector", None)
+        if auto_connector is not None:
+            auto_connector.maybe_connect = _no_auto_connect
+        gossipsub = _CountingGossipSub(
+            protocols=[GOSSIPSUB_PROTOCOL_ID],
+            degree=degree,
+            degree_low=low,
+            degree_high=high,
+            heartbeat_interval=heartbeat,
+            heartbeat_initial_delay=0.1,
+            max_messages_per_topic_per_second=spam,
+            max_pending_messages_per_peer=OUTBOUND_QUEUE_SIZE,
+        )
+        stack = AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            # Order matters: host first (pubsub constructed before host.run crashes the swarm),
+            # then pubsub, and only then any dial (pubsub ignores earlier connections).
+            await stack.enter_async_context(host.run(listen_addrs=[self._listen]))
+            # host.run's exit only cancels tasks: sockets stay open (peers keep us in their lists
+            # until GC).  Closing the swarm explicitly sends FIN, so peers notice at once.
+            stack.push_async_callback(self._close_network, host)
+            self._nursery = await stack.enter_async_context(trio.open_nursery())
+            stack.callback(self._nursery.cancel_scope.cancel)
+            pubsub = _NodePubsub(
+                host, gossipsub, self._deliver, strict_signing=True, max_inbound_rpc_size=self.max_message_size + 4096
+            )
+            await stack.enter_async_context(background_trio_service(pubsub))
+            await stack.enter_async_context(background_trio_service(gossipsub))
+            await pubsub.wait_until_ready()
+            self._host, self._pubsub, self._gossipsub = host, pubsub, gossipsub
+            for topic in self._initial_topics:
+                await self._join(topic)
+            for addr in self._bootstrap:
+                self._nursery.start_soon(self._bootstrap_loop, addr)
+        except BaseException:
+            await stack.__aexit__(None, None, None)
+            raise
+        self._stack = stack
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        stack, self._stack = self._stack, None
+        if stack is None:
+            return
+        try:
+            if exc_type is None:
+                await self.flush(self._flush_timeout)
+        finally:
+            for channels in self._subs.values():
+                for ch in channels:
+                    ch.close()
+            await stack.__aexit__(exc_type, exc, tb)
+
+    @staticmethod
+    async def _close_network(host: IHost) -> None:
+        with trio.move_on_after(2.0) as scope:
+            scope.shield = True
+            try:
+                await host.get_network().close()
+            except Exception as exc:
+                logger.debug("closing swarm: %r", exc)
+
+    async def flush(self, timeout: float = 5.0) -> bool:
+        """Wait (bounded) until what we published has most likely been consumed; True if in time.
+
+        Queued messages die with the host (pitfall 5).  An empty outbound queue is not enough: the
+        bytes then sit in the receiver's Yamux buffer (up to a 256 KiB window), and a receiver that
+        sees the connection close drops what its pubsub loop has not read yet (measured: 103 of
+        200 arrived without this).  libp2p gossip has no acknowledgement, so after the queues drain
+        we linger for the receivers' estimated backlog: publishes of the last few seconds divided
+        by a conservative consumption rate.
+        """
+        pubsub = self._require_pubsub()
+        with trio.move_on_after(timeout):
+            while any(len(q) for q in pubsub.peer_queues.values()):
+                await trio.sleep(0.01)
+            now = trio.current_time()
+            recent = sum(1 for t in self._publish_times if now - t < _BACKLOG_WINDOW_S)
+            await trio.sleep(0.05 + recent / _RECEIVER_RATE)
+            return True
+        return False
+
+    # ------------------------------------------------------------------ identity / peers
+
+    @property
+    def listen_addrs(self) -> list[str]:
+        """Full multiaddrs including ``/p2p/<peer id>``, ready to hand to ``connect``."""
+        host = self._require_host()
+        suffix = f"/p2p/{self.peer_id}"
+        out = []
+        for addr in host.get_addrs():
+            s = str(addr)
+            out.append(s if "/p2p/" in s else s + suffix)
+        return out
+
+    @property
+    def peers(self) -> list[ID]:
+        """Peers with an open connection."""
+        return list(self._require_host().get_connected_peers())
+
+    @property
+    def gossip_peers(self) -> list[ID]:
+        """Peers with an open pubsub stream (what gossip can reach)."""
+        return list(self._require_pubsub().peers)
+
+    def topic_peers(self, topic: str) -> list[ID]:
+        """Peers known to be subscribed to ``topic`` (learnt from their subscription announcements)."""
+        return list(self._require_pubsub().peer_topics.get(topic, ()))
+
+    async def wait_for_topic_peers(self, topic: str, count: int, timeout: float = 5.0) -> None:
+        """Wait until ``count`` peers announced ``topic``: a publish before that reaches nobody."""
+        with trio.move_on_after(timeout):
+            while len(self.topic_peers(topic)) < count:
+                await trio.sleep(0.02)
+            return
+        raise P2PError(f"only {len(self.topic_peers(topic))}/{count} peers on {topic} after {timeout} s")
+
+    @property
+    def dropped_outbound(self) -> int:
+        """Outbound gossip RPCs dropped by the router (full queue or oversize)."""
+        return self._gossipsub.dropped_rpcs if self._gossipsub else 0
+
+    async def connect(self, addr: str) -> ID:
+        """Dial ``addr`` (a multiaddr with ``/p2p/``); returns the remote peer id."""
+        host = self._require_host()
+        try:
+            info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
+        except Exception as exc:
+            raise P2PError(f"bad multiaddr {addr!r}: {exc}") from exc
+        if info.peer_id == self.peer_id:
+            raise P2PError("refusing to dial self")
+        try:
+            await host.connect(info)
+        except Exception as exc:
+            raise P2PError(f"dial {addr} failed: {exc}") from exc
+        return info.peer_id
+
+    async def _bootstrap_loop(self, addr: str) -> None:
+        """Keep one bootstrap peer connected: exponential back-off, capped, giving up after N failures."""
+        try:
+            peer_id = info_from_p2p_addr(multiaddr.Multiaddr(addr)).peer_id
+        except Exception:
+            logger.warning("bootstrap: ignoring bad multiaddr %r", addr)
+            return
+        host = self._require_host()
+        failures = 0
+        delay = 0.25
+        while failures < self._bootstrap_max_failures:
+            if peer_id in host.get_connected_peers():
+                failures, delay = 0, 0.25
+                await trio.sleep(1.0)
+                continue
+            try:
+                with trio.fail_after(5.0):
+                    await self.connect(addr)
+                logger.info("bootstrap: connected to %s", addr)
+                continue
+            except (P2PError, trio.TooSlowError) as exc:
+                failures += 1
+                logger.debug("bootstrap: %s failed (%d): %s", addr, failures, exc)
+            await trio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+        logger.warning("bootstrap: giving up on %s after %d failures", addr, failures)
+
+    # ------------------------------------------------------------------ gossip
+
+    def subscribe(self, topic: str) -> trio.MemoryReceiveChannel[tuple[bytes, str]]:
+        """Receive channel of ``(data, sender_address)`` for ``topic``.
+
+        The buffer is bounded and filled with ``send_nowait``: a slow consumer loses messages (counted
+        in ``dropped[topic]``) but never blocks pubsub for everyone else.
+        """
+        send, recv = trio.open_memory_channel[tuple[bytes, str]](self._subscription_buffer)
+        self._subs.setdefault(topic, []).append(send)
+        if topic not in self._joined:
+            self._joined.add(topic)
+            nursery = self._nursery
+            if nursery is None:
+                self._initial_topics.append(topic)
+            else:
+                nursery.start_soon(self._join, topic)
+        return recv
+
+    async def _join(self, topic: str) -> None:
+        pubsub = self._require_pubsub()
+        self._joined.add(topic)
+        if topic not in pubsub.topic_validators:  # publish() may have registered it already
+            pubsub.set_topic_validator(topic, self._make_validator(topic), False)
+        if topic not in pubsub.topic_ids:
+            await pubsub.subscribe(topic)
+
+    def _make_validator(self, topic: str) -> Callable[[ID, rpc_pb2.Message], bool]:
+        def validate(forwarder: ID, msg: rpc_pb2.Message) -> bool:
+            if forwarder == self.peer_id:
+                return True  # our own publish: the app vetted it; "received" means from others
+            try:
+                sender = _address_from_id_bytes(msg.from_id)
+                ok = self._validator is None or bool(self._validator(topic, msg.data, sender))
+            except Exception as exc:
+                logger.debug("validator raised on %s: %s", topic, exc)
+                ok = False
+            if not ok:
+                self.rejections[_safe_address(forwarder)] += 1
+            return ok
+
+        return validate
+
+    def _deliver(self, msg: rpc_pb2.Message) -> None:
+        try:
+            sender = _address_from_id_bytes(msg.from_id)
+        except Exception:
+            return  # signatures are strict, so this cannot be a well-formed message
+        if sender == self.address and not self._deliver_own:
+            return
+        item = (bytes(msg.data), sender)
+        for topic in msg.topicIDs:
+            channels = self._subs.get(topic, [])
+            for ch in list(channels):
+                try:
+                    ch.send_nowait(item)
+                except trio.WouldBlock:
+                    self.dropped[topic] += 1
+                    if self.dropped[topic] == 1 or self.dropped[topic] % 1000 == 0:
+                        logger.warning("gossip: subscriber of %s full, %d dropped", topic, self.dropped[topic])
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    channels.remove(ch)  # the consumer closed its end: stop feeding it
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        """Sign (libp2p key) and publish; joins the topic for routing if not subscribed."""
+        if len(data) > self.max_message_size:
+            raise P2PError(f"message of {len(data)} bytes exceeds {self.max_message_size}")
+        pubsub = self._require_pubsub()
+        if topic not in pubsub.topic_validators:
+            # Validator registration keeps inbound checks uniform even for publish-only topics.
+            pubsub.set_topic_validator(topic, self._make_validator(topic), False)
+        self._publish_times.append(trio.current_time())
+        try:
+            await pubsub.publish(topic, data)
+        except Exception as exc:
+            raise P2PError(f"publish on {topic} failed: {exc}") from exc
+
+    # ------------------------------------------------------------------ request-response
+
+    def set_handler(self, protocol_id: str, handler: Handler, *, timeout: float = 30.0) -> None:
+        """Serve ``protocol_id``: one length-prefixed request in, one status byte + frame out."""
+        self._handlers[protocol_id] = handler
+
+        async def on_stream(stream: INetStream) -> None:
+            sender = _safe_address(stream.muxed_conn.peer_id)
+            try:
+                with trio.fail_after(timeout):
+                    try:
+                        request = await _read_frame(stream, self.max_request_size)
+                    except P2PError as exc:
+                        await stream.write(bytes([_STATUS_ERR]) + _frame(str(exc).encode()))
+                        return
+                    try:
+                        response = await handler(request, sender)
+                        reply = bytes([_STATUS_OK]) + _frame(response)
+                    except Exception as exc:
+                        logger.info("handler %s failed for %s: %r", protocol_id, sender, exc)
+                        reply = bytes([_STATUS_ERR]) + _frame(f"handler error: {type(exc).__name__}".encode())
+                    await stream.write(reply)
+                await stream.close()
+            except trio.TooSlowError:
+                logger.info("handler %s timed out for %s", protocol_id, sender)
+                await _reset(stream)
+            except Exception as exc:
+                logger.debug("stream %s from %s failed: %r", protocol_id, sender, exc)
+                await _reset(stream)
+
+        self._require_host().set_stream_handler(TProtocol(protocol_id), on_stream)
+
+    async def request(
+        self,
+        peer: str | ID,
+        protocol_id: str,
+        payload: bytes,
+        *,
+        timeout: float = 10.0,
+        max_response: int = DEFAULT_MAX_RESPONSE,
+    ) -> bytes:
+        """Send one request and wait for its response; any failure is a ``P2PError``."""
+        if len(payload) > self.max_request_size:
+            raise P2PError(f"request of {len(payload)} bytes exceeds {self.max_request_size}")
+        host = self._require_host()
+        stream: INetStream | None = None
+        try:
+            with trio.fail_after(timeout):
+                if isinstance(peer, ID):
+                    peer_id = peer
+                elif "/" in peer:
+                    peer_id = await self.connect(peer)
+                else:
+                    peer_id = ID.from_base58(peer)
+                try:
+                    stream = await host.new_stream(peer_id, [TProtocol(protocol_id)])
+                except Exception as exc:
+                    raise P2PError(f"open {protocol_id} to {peer_id} failed: {exc}") from exc
+                await stream.write(_frame(payload))
+                status = (await _read_exactly(stream, 1))[0]
+                body = await _read_frame(stream, max_response)
+        except trio.TooSlowError as exc:
+            if stream is not None:
+                await _reset(stream)
+            raise P2PError(f"request {protocol_id} timed out after {timeout} s") from exc
+        except P2PError:
+            if stream is not None:
+                await _reset(stream)
+            raise
+        except Exception as exc:
+            if stream is not None:
+                await _reset(stream)
+            raise P2PError(f"request {protocol_id} failed: {exc!r}") from exc
+        with trio.move_on_after(1.0):
+            with suppress(Exception):
+                await stream.close()
+        if status != _STATUS_OK:
+            raise P2PError(f"remote refused {protocol_id}: {body.decode(errors='replace')}")
+        return body
+
+    # ------------------------------------------------------------------ helpers
+
+    def _require_host(self) -> IHost:
+        if self._host is None:
+            raise P2PError("node is not running")
+        return self._host
+
+    def _require_pubsub(self) -> _NodePubsub:
+        if self._pubsub is None:
+            raise P2PError("node is not running")
+        return self._pubsub
+
+
+async def _no_auto_connect() -> None:
+    return None
+
+
+async def _reset(stream: INetStream) -> None:
+    with trio.move_on_after(1.0) as scope:
+        scope.shield = True
+        with suppress(Exception):
+            await stream.reset()
+
+
+def address_set(peers: Sequence[ID]) -> set[str]:
+    """Ethereum addresses of a list of peer ids (convenience for membership checks and tests)."""
+    return {_safe_address(p) for p in peers}
