@@ -15,8 +15,7 @@ import trio
 
 from .chain.abi import DecodedEvent
 from .chain.client import ChainClient
-
-STATUS_NAMES = ("none", "pending", "invalidated", "claimed")
+from .chain.messages import RECORD_STATUS
 
 
 @dataclass
@@ -264,7 +263,7 @@ def compare(
         if s is None:
             out.append(f"work {key}: no state fetched")
             continue
-        status = STATUS_NAMES[int(s["status"])]
+        status = RECORD_STATUS[int(s["status"])]
         if status != rec.status:
             out.append(f"work {key}: events say {rec.status}, contract says {status}")
         if int(s["units"]) != rec.units:

@@ -13,13 +13,11 @@ from eth_utils import to_checksum_address
 
 from .chain.client import ChainClient
 from .chain.errors import ChainError
-from .chain.messages import tokens
+from .chain.messages import POOL_STATUS, RECORD_STATUS, tokens
 from .chain.signing import Invite, sign_node_binding
 from .chain.tx import Receipt
 
 MAX_BATCH = 512
-POOL_STATUS = ("none", "created", "active", "ended")
-RECORD_STATUS = ("none", "pending", "invalidated", "claimed")
 
 
 def checksum(addr: str, what: str = "address") -> str:
