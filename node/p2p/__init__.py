@@ -16,6 +16,9 @@ from .envelope import (
 )
 from .rules import Membership, MessageValidator, PeerScore, ReplayWindow, normalize_address
 
+# The trio/libp2p layers (`host.P2PNode`, `network.PoolNetwork`) are imported from their modules, so
+# that the pure core stays importable without libp2p.
+
 __all__ = [
     "KINDS",
     "MAX_ENVELOPE_BYTES",
