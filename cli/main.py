@@ -21,7 +21,7 @@ from node.chain import ChainError, Deployment, RpcClient, RpcError, WrongChain
 from node.chain.deployment import NETWORKS
 from node.chain.messages import tokens
 from node.chain.signing import Invite
-from pool.deploy import SLASHER_ROLE, VALIDATOR_ROLE, DeployParams, deploy
+from pool.deploy import VALIDATOR_ROLE, DeployParams, deploy
 
 from ._common import AMOUNT, Settings, common, output, run
 
@@ -744,7 +744,6 @@ validator_group.command("grant", help="Grant VALIDATOR_ROLE to ADDRESS.")(
 validator_group.command("revoke", help="Revoke VALIDATOR_ROLE from ADDRESS.")(
     _role_tx("revokeRole", VALIDATOR_ROLE, "validator revoked")
 )
-assert SLASHER_ROLE  # the ledger's role is granted at deployment only
 
 
 # ---------------------------------------------------------------------------------------- chain
