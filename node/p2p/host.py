@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import time
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack, suppress
@@ -29,12 +30,14 @@ from typing import Any
 import multiaddr
 import trio
 from eth_keys import keys as eth_keys_mod
+from eth_utils import to_checksum_address
 from libp2p import new_host
 from libp2p.abc import IHost, INetStream
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.secp256k1 import Secp256k1PublicKey, create_new_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.network.config import ConnectionConfig
+from libp2p.network.exceptions import SwarmException
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub import pubsub as _pubsub_module
@@ -65,7 +68,7 @@ SPAM_LIMIT_PER_SECOND = 5000.0
 
 # Flush heuristics: a receiver's pubsub loop handles roughly 500-1000 signed msg/s in one process;
 # 400/s keeps the linger on the safe side.
-_RECEIVER_RATE = 400.0
+_RECEIVER_RATE = 200.0  # msg/s a busy receiver surely consumes; lower = safer, slower exit
 _BACKLOG_WINDOW_S = 3.0
 
 _STATUS_OK = 0
@@ -161,14 +164,38 @@ def _frame(data: bytes) -> bytes:
 
 
 class _NodePubsub(Pubsub):
-    """Pubsub that hands messages to the node instead of its own 32-slot subscription channels."""
+    """Pubsub that hands messages to the node instead of its own 32-slot subscription channels, and
+    drops messages forwarded or authored by a banned peer before any validation (no CPU spent on them).
 
-    def __init__(self, host: IHost, router: GossipSub, deliver: Callable[[rpc_pb2.Message], None], **kw: Any) -> None:
+    The library's own blacklist is keyed by peer id and never expires; ours takes ``is_banned`` from
+    the node, which expires bans and also matches bans given by Ethereum address."""
+
+    def __init__(
+        self,
+        host: IHost,
+        router: GossipSub,
+        deliver: Callable[[rpc_pb2.Message], None],
+        is_banned: Callable[[ID], bool],
+        on_banned_drop: Callable[[], None],
+        **kw: Any,
+    ) -> None:
         super().__init__(host, router, **kw)
         self._deliver = deliver
+        self._is_banned = is_banned
+        self._on_banned_drop = on_banned_drop
 
     def notify_subscriptions(self, publish_message: rpc_pb2.Message) -> None:
         self._deliver(publish_message)
+
+    async def push_msg(self, msg_forwarder: ID, msg: rpc_pb2.Message) -> None:
+        try:
+            banned = self._is_banned(msg_forwarder) or self._is_banned(ID(msg.from_id))
+        except Exception:
+            banned = False  # a bad from_id is the signature check's business
+        if banned:
+            self._on_banned_drop()
+            return
+        await super().push_msg(msg_forwarder, msg)
 
 
 class _CountingGossipSub(GossipSub):
@@ -228,6 +255,9 @@ class P2PNode:
         """Gossip messages rejected by the validator, keyed by the forwarding peer's address."""
         self.dropped: defaultdict[str, int] = defaultdict(int)
         """Messages dropped because a subscriber's buffer was full, per topic."""
+        self.dropped_banned = 0
+        """Gossip messages dropped unvalidated because their forwarder or author is banned."""
+        self._bans: dict[str, float] = {}  # ban key (address or "peer:<id>") -> time.monotonic() expiry
 
         self._subs: dict[str, list[trio.MemorySendChannel[tuple[bytes, str]]]] = {}
         self._joined: set[str] = set()
@@ -278,8 +308,15 @@ class P2PNode:
             stack.push_async_callback(self._close_network, host)
             self._nursery = await stack.enter_async_context(trio.open_nursery())
             stack.callback(self._nursery.cancel_scope.cancel)
+            self._gate_connections(host)
             pubsub = _NodePubsub(
-                host, gossipsub, self._deliver, strict_signing=True, max_inbound_rpc_size=self.max_message_size + 4096
+                host,
+                gossipsub,
+                self._deliver,
+                self.is_banned,
+                self._count_banned_drop,
+                strict_signing=True,
+                max_inbound_rpc_size=self.max_message_size + 4096,
             )
             await stack.enter_async_context(background_trio_service(pubsub))
             await stack.enter_async_context(background_trio_service(gossipsub))
@@ -374,6 +411,29 @@ class P2PNode:
             return
         raise P2PError(f"only {len(self.topic_peers(topic))}/{count} peers on {topic} after {timeout} s")
 
+    def mesh_peers(self, topic: str) -> set[str]:
+        """Base58 ids of the peers in our GossipSub mesh for ``topic``.
+
+        A subscribed node publishes to its mesh only (not to every peer that announced the topic), and
+        announced peers are grafted at the next heartbeat: this, not ``topic_peers``, says who a
+        publish reaches right now.  Empty when we have not joined ``topic``."""
+        self._require_pubsub()
+        gossipsub = self._gossipsub
+        if gossipsub is None:
+            return set()
+        return {str(p) for p in gossipsub.mesh.get(topic, ())}
+
+    async def wait_for_mesh(self, topic: str, n: int, timeout: float = 5.0) -> None:
+        """Wait until ``n`` peers are in our mesh for ``topic``; raises ``P2PError`` after ``timeout``.
+
+        Use after ``wait_for_topic_peers`` when a test or benchmark must not lose the first publishes
+        to the window between a peer's subscription and its graft."""
+        with trio.move_on_after(timeout):
+            while len(self.mesh_peers(topic)) < n:
+                await trio.sleep(0.02)
+            return
+        raise P2PError(f"only {len(self.mesh_peers(topic))}/{n} mesh peers on {topic} after {timeout} s")
+
     @property
     def dropped_outbound(self) -> int:
         """Outbound gossip RPCs dropped by the router (full queue or oversize)."""
@@ -388,6 +448,8 @@ class P2PNode:
             raise P2PError(f"bad multiaddr {addr!r}: {exc}") from exc
         if info.peer_id == self.peer_id:
             raise P2PError("refusing to dial self")
+        if self.is_banned(info.peer_id):
+            raise P2PError(f"refusing to dial banned peer {info.peer_id}")
         try:
             await host.connect(info)
         except Exception as exc:
@@ -405,6 +467,10 @@ class P2PNode:
         failures = 0
         delay = 0.25
         while failures < self._bootstrap_max_failures:
+            ban_left = self.ban_remaining(peer_id)
+            if ban_left > 0:  # not a failure of the peer's address: wait the ban out, then dial again
+                await trio.sleep(ban_left)
+                continue
             if peer_id in host.get_connected_peers():
                 failures, delay = 0, 0.25
                 await trio.sleep(1.0)
@@ -420,6 +486,99 @@ class P2PNode:
             await trio.sleep(delay)
             delay = min(delay * 2, 10.0)
         logger.warning("bootstrap: giving up on %s after %d failures", addr, failures)
+
+    # ------------------------------------------------------------------ bans
+
+    @staticmethod
+    def _ban_key(peer: ID | str) -> str:
+        """One key for a peer whether named by peer id or Ethereum address: the id embeds the key, so
+        it maps to the address; a non-secp256k1 id (never one of ours) is keyed by the id itself."""
+        if isinstance(peer, ID):
+            return _safe_address(peer)
+        if peer.startswith(("0x", "0X")) and len(peer) == 42:
+            try:
+                return to_checksum_address(peer.lower())
+            except Exception as exc:
+                raise ValueError(f"not an Ethereum address: {peer!r}") from exc
+        try:
+            return _safe_address(ID.from_base58(peer))
+        except Exception as exc:
+            raise ValueError(f"not a peer id or an Ethereum address: {peer!r}") from exc
+
+    def ban(self, peer: ID | str, seconds: float) -> None:
+        """Disconnect ``peer`` (peer id, base58 id or Ethereum address) and refuse it for ``seconds``.
+
+        While banned, its inbound connections are closed before registration, dials to it fail, and
+        gossip it forwards or authored is dropped before validation.  Sync so the gossip validator
+        callback can call it; the disconnect itself runs in the node's nursery.  A second ban only
+        ever extends the first."""
+        key = self._ban_key(peer)
+        until = time.monotonic() + max(0.0, seconds)
+        self._bans[key] = max(until, self._bans.get(key, until))
+        if self._host is None or self._nursery is None:
+            return
+        for pid in self._host.get_connected_peers():
+            if _safe_address(pid) == key:
+                self._nursery.start_soon(self._disconnect, pid)
+
+    def unban(self, peer: ID | str) -> None:
+        """Lift a ban early (operator action); the peer may reconnect or be dialled again at once."""
+        self._bans.pop(self._ban_key(peer), None)
+
+    def ban_remaining(self, peer: ID | str) -> float:
+        """Seconds left in ``peer``'s ban, 0.0 when not banned (expired bans are forgotten here)."""
+        key = self._ban_key(peer)
+        until = self._bans.get(key)
+        if until is None:
+            return 0.0
+        left = until - time.monotonic()
+        if left <= 0:
+            del self._bans[key]
+            return 0.0
+        return left
+
+    def is_banned(self, peer: ID | str) -> bool:
+        """Whether ``peer`` is inside a ban now (cheap: called per received gossip message)."""
+        if not self._bans:
+            return False
+        return self.ban_remaining(peer) > 0
+
+    @property
+    def banned(self) -> dict[str, float]:
+        """Active bans: key (Ethereum address, or ``peer:<id>``) -> seconds left."""
+        now = time.monotonic()
+        return {k: until - now for k, until in self._bans.items() if until > now}
+
+    def _count_banned_drop(self) -> None:
+        self.dropped_banned += 1
+
+    async def _disconnect(self, peer_id: ID) -> None:
+        host = self._host
+        if host is None:
+            return
+        with trio.move_on_after(2.0):
+            try:
+                await host.get_network().close_peer(peer_id)
+            except Exception as exc:
+                logger.debug("closing banned peer %s: %r", peer_id, exc)
+
+    def _gate_connections(self, host: IHost) -> None:
+        """Refuse connections of banned peers at registration, inbound and outbound alike.
+
+        The swarm's own gate filters by IP only (useless against a peer id, and every test peer is on
+        127.0.0.1); ``add_conn`` is where both directions learn the authenticated peer id, after the
+        Noise handshake and before the connection is announced to pubsub and identify."""
+        swarm = host.get_network()
+        original = swarm.add_conn  # type: ignore[attr-defined]
+
+        async def add_conn(muxed_conn: Any, direction: str = "unknown") -> Any:
+            if self.is_banned(muxed_conn.peer_id):
+                with suppress(Exception):
+                    await muxed_conn.close()
+                raise SwarmException(f"peer {muxed_conn.peer_id} is banned")
+            return await original(muxed_conn, direction)
+
+        swarm.add_conn = add_conn  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------ gossip
 

@@ -7,7 +7,8 @@
 - every message received from another peer goes through `MessageValidator.check` inside the host's
   topic validator, i.e. *before* GossipSub forwards it, so a bad message dies at the first hop;
 - rejections are counted per reason (`rejected`) and charged to the message author in a `PeerScore`;
-  an author past the threshold is refused outright (`BANNED`) until its ban expires;
+  an author past the threshold is banned at the host (`P2PNode.ban`: disconnected, refused both ways,
+  its gossip dropped unread) and anything of it still in flight is refused (`BANNED`) until it expires;
 - accepted messages reach `subscribe(kind)` channels as decoded `Envelope` objects;
 - `publish` seals with the node's Ethereum key (the same key as its libp2p identity), with a seq that
   strictly increases even across restarts, so receivers' replay windows never drop honest messages.
@@ -151,6 +152,13 @@ class PoolNetwork:
             for kind in kinds:
                 await self.node.wait_for_topic_peers(self.topics[kind], count, timeout)
 
+    async def wait_for_mesh(self, count: int, timeout: float = 5.0, kinds: Iterable[str] = KINDS) -> None:
+        """Wait until `count` peers are in our GossipSub mesh of every topic of `kinds` (a publish goes
+        to mesh peers only, so this is the precise "ready to send" condition); raises `P2PError`."""
+        deadline = trio.current_time() + timeout
+        for kind in kinds:
+            await self.node.wait_for_mesh(self.topics[kind], count, max(0.0, deadline - trio.current_time()))
+
     # ------------------------------------------------------------------ receive
 
     def _validate(self, topic: str, data: bytes, sender_address: str) -> bool:
@@ -177,6 +185,11 @@ class PoolNetwork:
             logger.warning(
                 "pool %d: banning %s for %.0f s (last: %s)", self.pool, author, self.score.ban_seconds, detail
             )
+            # The score only judges; the host enforces: disconnect, refuse, drop its gossip unread.
+            try:
+                self.node.ban(author, self.score.ban_seconds)
+            except ValueError:  # an author key we cannot name (never a peer of ours): score-only ban
+                logger.debug("pool %d: cannot ban %r at the host", self.pool, author)
 
     async def _pump(self, kind: str, chan: trio.MemoryReceiveChannel[tuple[bytes, str]]) -> None:
         """Turn the host's accepted bytes of one topic into Envelopes for this kind's subscribers.

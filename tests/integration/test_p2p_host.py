@@ -247,12 +247,13 @@ async def test_shutdown_flushes_queued_publishes() -> None:
         async with P2PNode(private_key=new_key(), topics=[TOPIC]) as a:
             await a.connect(b.listen_addrs[0])
             await a.wait_for_topic_peers(TOPIC, 1)
+            await a.wait_for_mesh(TOPIC, 1)
             for i in range(n_msgs):
                 await a.publish(TOPIC, b"%d" % i)
         with trio.fail_after(5):
             while len(got) < n_msgs:
                 await trio.sleep(0.01)
-        assert {d for d, _, _ in got} == {b"%d" % i for i in range(n_msgs)}
+        assert {d for d, _, _ in got} == {b"%d" % i for i in range(n_msgs)}, len(got)
 
 
 class PeerProcess:
@@ -336,3 +337,16 @@ async def test_multiple_processes_and_sigkill() -> None:
                     p.proc.kill()
                     await p.proc.wait()
             nursery.cancel_scope.cancel()
+
+
+async def test_mesh_peers_and_wait_for_mesh() -> None:
+    async with AsyncExitStack() as stack:
+        a, b = await start(stack, 2)
+        assert a.mesh_peers(TOPIC) == set() and a.mesh_peers("not/joined") == set()
+        with pytest.raises(P2PError):
+            await a.wait_for_mesh(TOPIC, 1, timeout=0.1)
+        await b.connect(a.listen_addrs[0])
+        await a.wait_for_mesh(TOPIC, 1)
+        await b.wait_for_mesh(TOPIC, 1)
+        assert a.mesh_peers(TOPIC) == {str(b.peer_id)}
+        assert b.mesh_peers(TOPIC) == {str(a.peer_id)}

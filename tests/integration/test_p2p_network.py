@@ -8,6 +8,7 @@ the underlying P2PNode, exactly as a malicious peer running its own client would
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections.abc import AsyncIterator, Callable
@@ -20,6 +21,7 @@ import trio
 from eth_account import Account
 
 from node.p2p.envelope import MAX_ENVELOPE_BYTES, Envelope, RejectReason, encode
+from node.p2p.host import P2PError
 from node.p2p.network import PoolNetwork, pool_topic
 from node.p2p.rules import Membership, PeerScore
 
@@ -65,10 +67,10 @@ async def wait_until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
 async def wait_for_mesh(net: PoolNetwork, count: int, timeout: float = 5.0) -> None:
     """A subscribed GossipSub node publishes to its *mesh* peers only, and peers known from their
     subscription announcements join the mesh at the next heartbeat: until then a publish can miss a
-    neighbour.  P2PNode exposes no mesh accessor, hence the private attribute (tests only)."""
-    gossipsub = net.node._gossipsub
-    assert gossipsub is not None
-    await wait_until(lambda: all(len(gossipsub.mesh.get(t, ())) >= count for t in net.topics.values()), timeout)
+    neighbour."""
+    for topic in net.topics.values():
+        await net.node.wait_for_mesh(topic, count, timeout)
+        assert len(net.node.mesh_peers(topic)) >= count
 
 
 @asynccontextmanager
@@ -169,12 +171,15 @@ async def test_forged_and_bad_signatures_dropped() -> None:
         for net in cl.all:
             assert cl.received(net) == []
         assert not cl.outsider.rejected  # A dropped both, so nothing reached O
-        # Two heavy offences reach the ban threshold: B is now refused by its neighbours.
+        # Two heavy offences reach the ban threshold: B is now disconnected and refused by its neighbours.
         assert cl.coord.score.banned(cl.b.address, time.time())
+        for net in (cl.coord, cl.c):
+            assert net.node.is_banned(cl.b.address)
+            await wait_until(lambda net=net: cl.b.node.peer_id not in net.node.peers)
         await cl.b.publish("heartbeat", b"honest now")
-        await wait_until(
-            lambda: cl.coord.rejected[RejectReason.BANNED] == 1 and cl.c.rejected[RejectReason.BANNED] == 1
-        )
+        await trio.sleep(SETTLE)
+        for net in cl.all:
+            assert cl.received(net) == []
 
 
 async def test_replayed_bytes_delivered_once() -> None:
@@ -204,9 +209,14 @@ async def test_oversize_and_malformed_dropped() -> None:
         for data in (oversize, b"\xc1 garbage", truncated, wrong_shape):
             await cl.b.node.publish(topic, data)
         for net in (cl.coord, cl.c):
-            await wait_until(lambda net=net: net.rejected.total() == 4)
-            # oversize then malformed (weight 10 each) ban B; the last two are refused as BANNED.
-            assert net.rejected == {RejectReason.OVERSIZE: 1, RejectReason.MALFORMED: 1, RejectReason.BANNED: 2}
+            await wait_until(
+                lambda net=net: net.rejected[RejectReason.OVERSIZE] == 1 and net.rejected[RejectReason.MALFORMED] == 1
+            )
+            # oversize then malformed (weight 10 each) ban B: the host disconnects it, and the last two
+            # messages, if they arrived before the disconnect, are dropped unread or refused as BANNED.
+            await wait_until(lambda net=net: cl.b.node.peer_id not in net.node.peers)
+            assert set(net.rejected) <= {RejectReason.OVERSIZE, RejectReason.MALFORMED, RejectReason.BANNED}
+            assert net.rejected[RejectReason.BANNED] + net.node.dropped_banned <= 2
             assert net.score.rejections(cl.b.address)[RejectReason.OVERSIZE] == 1
         await trio.sleep(SETTLE)
         for net in cl.all:
@@ -270,3 +280,53 @@ async def test_honest_traffic_flows_while_a_peer_sends_garbage() -> None:
         assert set(cl.coord.rejected) <= {RejectReason.MALFORMED, RejectReason.BANNED}
         assert not cl.b.rejected and not cl.c.rejected  # the garbage never got past A
         assert not any(net.dropped for net in cl.all)
+
+
+async def test_flooding_peer_is_disconnected_and_refused_while_honest_traffic_flows() -> None:
+    """O floods A with garbage and forged envelopes: A bans it at the host (disconnect, refuse both
+    directions, drop its gossip unread) while heartbeats among the members keep arriving."""
+    n_honest = 30
+    async with cluster() as cl, trio.open_nursery() as nursery:
+        topic = pool_topic(POOL, "heartbeat")
+        flood_sent = 0
+
+        async def flood() -> None:
+            nonlocal flood_sent
+            stolen = encode(cl.c.seal("heartbeat", b"c said this"))  # a forgery: O is not its sender
+            while True:
+                for data in (b"\xc1" * 64, stolen):
+                    with contextlib.suppress(Exception):
+                        await cl.outsider.node.publish(topic, data)
+                    flood_sent += 1
+                await trio.sleep(0.002)
+
+        nursery.start_soon(flood)
+        t0 = time.monotonic()
+        await wait_until(lambda: cl.outsider.node.peer_id not in cl.coord.node.peers)
+        t_ban = time.monotonic() - t0
+        assert cl.coord.node.is_banned(cl.outsider.address)
+        assert cl.coord.node.is_banned(str(cl.outsider.node.peer_id))  # by peer id as well as address
+        assert 0 < cl.coord.node.ban_remaining(cl.outsider.address) <= cl.coord.score.ban_seconds
+        for i in range(n_honest):
+            await cl.c.publish("heartbeat", b"c %d" % i)
+            await trio.sleep(0.01)
+        # Both directions are refused during the ban.
+        with pytest.raises(P2PError):
+            await cl.coord.connect(cl.outsider.listen_addrs[0])
+        with contextlib.suppress(P2PError):
+            await cl.outsider.connect(cl.coord.listen_addrs[0])  # may complete its side, then is closed
+        await wait_until(lambda: len(cl.received(cl.coord)) == n_honest and len(cl.received(cl.b)) == n_honest)
+        await trio.sleep(0.5)
+        assert cl.outsider.node.peer_id not in cl.coord.node.peers
+        assert cl.coord.node.peer_id not in cl.outsider.node.peers
+        nursery.cancel_scope.cancel()
+        print(
+            f"\n[net] flooder banned after {t_ban * 1000:.0f} ms; {flood_sent} flood msgs, {n_honest} honest delivered"
+        )
+        assert [e.body for e in cl.received(cl.coord)] == [b"c %d" % i for i in range(n_honest)]
+        assert set(cl.coord.rejected) <= {RejectReason.MALFORMED, RejectReason.SENDER_MISMATCH, RejectReason.BANNED}
+        assert not cl.b.rejected and not cl.c.rejected  # nothing of O's got past A
+        # Lifting the ban lets the peer back in.
+        cl.coord.node.unban(cl.outsider.address)
+        await cl.coord.connect(cl.outsider.listen_addrs[0])
+        await wait_until(lambda: cl.outsider.node.peer_id in cl.coord.node.peers)
