@@ -84,7 +84,10 @@ class PoolNetwork:
         self.topics: dict[str, str] = {kind: pool_topic(pool, kind) for kind in KINDS}
         self._subscription_buffer = subscription_buffer
         self._subs: dict[str, list[trio.MemorySendChannel[Envelope]]] = {kind: [] for kind in KINDS}
-        self._seq = 0
+        # Start at the wall clock in microseconds, then count: a restarted node lands above every seq
+        # it used before (it cannot have sent a million messages a second), and consecutive messages
+        # get consecutive seqs, so receivers' replay windows (a count of seqs) tolerate reordering.
+        self._seq = time.time_ns() // 1000
         self.node = P2PNode(
             private_key=private_key,
             listen=listen,
@@ -230,10 +233,8 @@ class PoolNetwork:
     # ------------------------------------------------------------------ send
 
     def next_seq(self) -> int:
-        """Strictly increasing seq, at least the wall clock in microseconds: a restarted node (whose
-        counter starts from zero) still lands above every seq it used before, so receivers' replay
-        windows do not drop its fresh messages."""
-        self._seq = max(self._seq + 1, time.time_ns() // 1000)
+        """The next seq: one more than the last (see the constructor for why it starts at the clock)."""
+        self._seq += 1
         return self._seq
 
     def seal(self, kind: str, body: bytes) -> Envelope:
