@@ -1,0 +1,345 @@
+"""Hash-checked blob transfer over the host's request-response streams.
+
+Blobs are content-addressed by sha256 (keys are ``0x`` + 64 lowercase hex).  Two protocols:
+
+- ``/intellect/blob/1``: request msgpack ``[key_hex, offset]``, response ``[total_size, chunk]``;
+  the client pulls chunks in order and checks the hash before returning anything.
+- ``/intellect/upload/1``: request msgpack ``[key_hex, offset, total_size, chunk]``, response
+  ``[received_bytes, done]``; the server assembles into a bounded set of temp files and stores the
+  blob only once its sha256 equals the declared key.
+
+Errors on the serving side go through the host's error path (the handler raises), which the client
+sees as a ``P2PError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from node.p2p.host import DEFAULT_MAX_RESPONSE, P2PError, P2PNode
+
+logger = logging.getLogger(__name__)
+
+BLOB_PROTOCOL = "/intellect/blob/1"
+UPLOAD_PROTOCOL = "/intellect/upload/1"
+DEFAULT_CHUNK = 256 * 1024
+_KEY_RE = re.compile(r"^(?:0x)?([0-9a-fA-F]{64})$")
+_ENVELOPE_OVERHEAD = 256  # msgpack framing around a chunk, generously
+_MIN_AVG_CHUNK = 4096  # a peer answering in tinier chunks than this on average is cut off
+
+
+def blob_key(data: bytes) -> str:
+    """``0x``-hex sha256 of ``data``: the blob's key."""
+    return "0x" + hashlib.sha256(data).hexdigest()
+
+
+def _digest_hex(key: str) -> str:
+    """The 64 lowercase hex digits of a key (with or without ``0x``); ValueError otherwise."""
+    m = _KEY_RE.match(key) if isinstance(key, str) else None
+    if m is None:
+        raise ValueError(f"not a sha256 blob key: {key!r}")
+    return m.group(1).lower()
+
+
+class BlobStore:
+    """Content-addressed files under ``root``, named by their sha256 hex; at most ``max_bytes`` each."""
+
+    def __init__(self, root: Path, max_bytes: int) -> None:
+        if max_bytes <= 0:
+            raise ValueError("max_bytes must be positive")
+        self.root = Path(root)
+        self.max_bytes = max_bytes
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        return self.root / _digest_hex(key)
+
+    def put(self, data: bytes) -> str:
+        """Store ``data`` (atomically: temp file + ``os.replace``) and return its ``0x`` key."""
+        if len(data) > self.max_bytes:
+            raise ValueError(f"blob of {len(data)} bytes exceeds the store limit of {self.max_bytes} bytes")
+        key = blob_key(data)
+        path = self._path(key)
+        if path.exists():
+            return key
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".put-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return key
+
+    def put_file(self, key: str, tmp_path: Path) -> None:
+        """Move an already verified temp file (same filesystem) into place under ``key``."""
+        os.replace(tmp_path, self._path(key))
+
+    def get(self, key: str) -> bytes | None:
+        """The blob's bytes, or None when absent (or the key is malformed)."""
+        try:
+            path = self._path(key)
+        except ValueError:
+            return None
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def has(self, key: str) -> bool:
+        try:
+            return self._path(key).is_file()
+        except ValueError:
+            return False
+
+
+@dataclass
+class _Upload:
+    path: Path
+    total: int
+    received: int = 0
+    hasher: Any = field(default_factory=hashlib.sha256)
+    last_seen: float = field(default_factory=time.monotonic)
+
+
+class _UploadState:
+    """In-progress uploads, keyed by (sender, digest); bounded in count and in bytes per sender."""
+
+    def __init__(self, store: BlobStore, max_uploads: int, max_sender_bytes: int, stale_after: float) -> None:
+        self.store = store
+        self.max_uploads = max_uploads
+        self.max_sender_bytes = max_sender_bytes
+        self.stale_after = stale_after
+        self.uploads: dict[tuple[str, str], _Upload] = {}
+        self.tmp_dir = store.root / ".uploads"
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+
+    def _drop(self, ident: tuple[str, str]) -> None:
+        up = self.uploads.pop(ident, None)
+        if up is not None:
+            with contextlib.suppress(OSError):
+                up.path.unlink()
+
+    def _evict_stale(self) -> None:
+        now = time.monotonic()
+        for ident, up in list(self.uploads.items()):
+            if now - up.last_seen > self.stale_after:
+                self._drop(ident)
+
+    def _begin(self, sender: str, digest: str, total: int) -> _Upload:
+        self._evict_stale()
+        if len(self.uploads) >= self.max_uploads:
+            raise ValueError(f"too many concurrent uploads (limit {self.max_uploads})")
+        pending = sum(u.total for (s, _), u in self.uploads.items() if s == sender)
+        if pending + total > self.max_sender_bytes:
+            raise ValueError(f"sender would exceed {self.max_sender_bytes} in-progress upload bytes")
+        fd, tmp = tempfile.mkstemp(dir=self.tmp_dir, prefix=f"{digest[:16]}-", suffix=".part")
+        os.close(fd)
+        up = _Upload(path=Path(tmp), total=total)
+        self.uploads[(sender, digest)] = up
+        return up
+
+    def handle(self, sender: str, key: str, offset: int, total: int, chunk: bytes) -> tuple[int, bool]:
+        digest = _digest_hex(key)
+        if total < 0 or total > self.store.max_bytes:
+            raise ValueError(f"declared size {total} outside 0..{self.store.max_bytes}")
+        ident = (sender, digest)
+        if offset == 0 and self.store.has(key):
+            self._drop(ident)
+            return total, True
+        up = self.uploads.get(ident)
+        if offset == 0 and up is not None:
+            self._drop(ident)  # a restart from scratch replaces the old attempt
+            up = None
+        if up is None:
+            if offset != 0:
+                raise ValueError("upload must start at offset 0")
+            up = self._begin(sender, digest, total)
+        if up.total != total or offset != up.received:
+            self._drop(ident)
+            raise ValueError("upload out of order or inconsistent size")
+        if up.received + len(chunk) > up.total or (not chunk and up.total > 0):
+            self._drop(ident)
+            raise ValueError("chunk runs past the declared size")
+        with up.path.open("ab") as fh:
+            fh.write(chunk)
+        up.hasher.update(chunk)
+        up.received += len(chunk)
+        up.last_seen = time.monotonic()
+        if up.received < up.total:
+            return up.received, False
+        ok = up.hasher.hexdigest() == digest
+        if not ok:
+            self._drop(ident)
+            raise ValueError("uploaded bytes do not match the declared sha256 key")
+        self.uploads.pop(ident, None)
+        self.store.put_file(key, up.path)
+        return up.received, True
+
+
+def serve_blobs(
+    node: P2PNode,
+    store: BlobStore,
+    *,
+    chunk: int = DEFAULT_CHUNK,
+    max_uploads: int = 8,
+    max_sender_bytes: int | None = None,
+    stale_after: float = 120.0,
+) -> None:
+    """Serve ``store`` on ``/intellect/blob/1`` and accept verified uploads on ``/intellect/upload/1``.
+
+    Uploads are bounded: at most ``max_uploads`` in progress, at most ``max_sender_bytes`` declared
+    bytes in progress per sender (default: twice the store's blob limit); idle ones expire after
+    ``stale_after`` seconds when room is needed."""
+    if chunk <= 0:
+        raise ValueError("chunk must be positive")
+    uploads = _UploadState(store, max_uploads, max_sender_bytes or 2 * store.max_bytes, stale_after)
+
+    async def on_blob(request: bytes, sender: str) -> bytes:
+        req = msgpack.unpackb(request, raw=False)
+        if not (isinstance(req, list) and len(req) == 2 and isinstance(req[0], str) and type(req[1]) is int):
+            raise ValueError("malformed blob request")
+        key, offset = req
+        _digest_hex(key)
+        data = store.get(key)
+        if data is None:
+            raise KeyError("unknown blob")
+        if offset < 0 or offset > len(data):
+            raise ValueError("offset out of range")
+        return msgpack.packb([len(data), data[offset : offset + chunk]], use_bin_type=True)
+
+    async def on_upload(request: bytes, sender: str) -> bytes:
+        req = msgpack.unpackb(request, raw=False)
+        if not (
+            isinstance(req, list)
+            and len(req) == 4
+            and isinstance(req[0], str)
+            and type(req[1]) is int
+            and type(req[2]) is int
+            and isinstance(req[3], bytes)
+        ):
+            raise ValueError("malformed upload request")
+        received, done = uploads.handle(sender, req[0], req[1], req[2], req[3])
+        return msgpack.packb([received, done], use_bin_type=True)
+
+    node.set_handler(BLOB_PROTOCOL, on_blob)
+    node.set_handler(UPLOAD_PROTOCOL, on_upload)
+
+
+def _unpack_pair(body: bytes, what: str) -> list[Any]:
+    try:
+        resp = msgpack.unpackb(body, raw=False)
+    except Exception as exc:
+        raise P2PError(f"malformed {what} response: {exc!r}") from exc
+    if not (isinstance(resp, list) and len(resp) == 2):
+        raise P2PError(f"malformed {what} response")
+    return resp
+
+
+async def fetch_blob(
+    node: P2PNode,
+    peer: Any,
+    key: str,
+    *,
+    max_bytes: int,
+    timeout_per_chunk: float = 10,
+    max_chunks: int | None = None,
+) -> bytes:
+    """Pull blob ``key`` from ``peer`` chunk by chunk; return it only if its sha256 equals ``key``.
+
+    Refuses (``P2PError``) as soon as the peer announces more than ``max_bytes``, sends an
+    inconsistent size, too many chunks (default: average under 4 KiB), or bytes with another hash."""
+    try:
+        digest = _digest_hex(key)
+    except ValueError as exc:
+        raise P2PError(str(exc)) from exc
+    # One response may carry a default-sized chunk even when max_bytes is smaller, so an oversize
+    # blob is refused on its announced size after one chunk, not on a bare frame-size error.
+    max_response = max(min(max_bytes, DEFAULT_MAX_RESPONSE), DEFAULT_CHUNK) + _ENVELOPE_OVERHEAD
+    buf = bytearray()
+    hasher = hashlib.sha256()
+    total: int | None = None
+    limit = max_chunks
+    requests = 0
+    while True:
+        requests += 1
+        try:
+            body = await node.request(
+                peer,
+                BLOB_PROTOCOL,
+                msgpack.packb([key, len(buf)], use_bin_type=True),
+                timeout=timeout_per_chunk,
+                max_response=max_response,
+            )
+        except P2PError as exc:
+            raise P2PError(f"fetching blob {key} at offset {len(buf)}: {exc}") from exc
+        size, chunk = _unpack_pair(body, "blob")
+        if type(size) is not int or not isinstance(chunk, bytes):
+            raise P2PError("malformed blob response")
+        if total is None:
+            if size < 0 or size > max_bytes:
+                raise P2PError(f"blob {key} is {size} bytes, over the limit of {max_bytes}")
+            total = size
+            if limit is None:
+                limit = total // _MIN_AVG_CHUNK + 2
+        elif size != total:
+            raise P2PError("peer changed the blob size mid-transfer")
+        if len(buf) + len(chunk) > total:
+            raise P2PError("peer sent more bytes than the announced size")
+        buf += chunk
+        hasher.update(chunk)
+        if len(buf) == total:
+            break
+        if not chunk:
+            raise P2PError("peer sent an empty chunk before the end")
+        if requests >= limit:
+            raise P2PError(f"blob transfer exceeded {limit} chunks")
+    if hasher.hexdigest() != digest:
+        raise P2PError(f"hash mismatch for blob {key}: got 0x{hasher.hexdigest()}")
+    return bytes(buf)
+
+
+async def upload_blob(
+    node: P2PNode,
+    peer: Any,
+    data: bytes,
+    *,
+    chunk: int = DEFAULT_CHUNK,
+    timeout_per_chunk: float = 10,
+) -> str:
+    """Push ``data`` to ``peer`` in chunks; return its key once the peer has verified and stored it."""
+    if chunk <= 0:
+        raise ValueError("chunk must be positive")
+    key = blob_key(data)
+    total = len(data)
+    offset = 0
+    while True:
+        piece = data[offset : offset + chunk]
+        body = await node.request(
+            peer,
+            UPLOAD_PROTOCOL,
+            msgpack.packb([key, offset, total, piece], use_bin_type=True),
+            timeout=timeout_per_chunk,
+            max_response=_ENVELOPE_OVERHEAD,
+        )
+        received, done = _unpack_pair(body, "upload")
+        if done is True:
+            return key
+        offset += len(piece)
+        if received != offset or offset >= total:
+            raise P2PError(f"upload of {key} went wrong: peer has {received} of {total} bytes, not done")
