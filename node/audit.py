@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from .chain.abi import DecodedEvent
+from .chain.abi import DecodedEvent, topic
 from .chain.client import ChainClient
 from .chain.messages import RECORD_STATUS
 
@@ -319,12 +319,6 @@ class AuditReport:
         return asdict(self)
 
 
-def _topic(n: int | str) -> str:
-    if isinstance(n, str):
-        return "0x" + bytes.fromhex(n.removeprefix("0x")).rjust(32, b"\0").hex()
-    return "0x" + n.to_bytes(32, "big").hex()
-
-
 async def audit(c: ChainClient, pool_id: int, node: str | None = None, *, concurrency: int = 16) -> AuditReport:
     """Fetch a snapshot at the latest block, rebuild from events, compare with state."""
     block = await c.rpc.block_number()
@@ -334,11 +328,11 @@ async def audit(c: ChainClient, pool_id: int, node: str | None = None, *, concur
         from .chain.errors import ChainError
 
         raise ChainError(f"pool {pool_id} does not exist", "check the pool id")
-    pool_events = await c.events(["PoolManager", "WorkLedger"], to_block=block, topics=[None, _topic(pool_id)])
+    pool_events = await c.events(["PoolManager", "WorkLedger"], to_block=block, topics=[None, topic(pool_id)])
     providers = sorted({e.args["provider"] for e in pool_events if "provider" in e.args})
     registry_events: list[DecodedEvent] = []
     for p in providers:
-        registry_events += await c.events(["ProviderRegistry"], to_block=block, topics=[None, _topic(p)])
+        registry_events += await c.events(["ProviderRegistry"], to_block=block, topics=[None, topic(p)])
     registry_events.sort(key=lambda e: (e.block_number, e.log_index))
 
     times: dict[int, int] = {}

@@ -11,6 +11,7 @@ from typing import Any
 from eth_account.signers.local import LocalAccount
 from eth_utils import to_checksum_address
 
+from .chain.abi import topic
 from .chain.client import ChainClient
 from .chain.errors import ChainError
 from .chain.messages import POOL_STATUS, RECORD_STATUS, tokens
@@ -260,8 +261,7 @@ async def claimable_keys(c: ChainClient, pool_id: int, provider: str) -> list[st
     from .audit import rebuild
 
     provider = checksum(provider)
-    topic_pool = "0x" + pool_id.to_bytes(32, "big").hex()
-    events = await c.events(["WorkLedger"], topics=[None, topic_pool])
+    events = await c.events(["WorkLedger"], topics=[None, topic(pool_id)])
     now = await c.timestamp()
     ledger = rebuild(pool_id, events, [], {})
     return [

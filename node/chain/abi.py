@@ -70,6 +70,13 @@ def _to_abi(param: Json, value: Any) -> Any:
     return value
 
 
+def topic(value: int | str) -> str:
+    """An indexed uint or address as the 32-byte topic `eth_getLogs` filters on."""
+    if isinstance(value, str):
+        return "0x" + bytes.fromhex(value.removeprefix("0x")).rjust(32, b"\0").hex()
+    return "0x" + value.to_bytes(32, "big").hex()
+
+
 @dataclass(frozen=True)
 class Function:
     contract: str
