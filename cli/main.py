@@ -973,18 +973,67 @@ def rollout_verify(file: str, model: str | None, thresholds: str | None, dtype: 
     default="devnet",
     show_default=True,
     type=click.Path(file_okay=False),
-    help="Where the devnet writes its deployment and logs.",
+    help="Where the devnet writes its deployment, state and logs.",
 )
 @click.option("--port", type=int, default=0, help="anvil port (default: a free one).")
 @click.option("--chain-id", type=int, default=31337, show_default=True, help="84532 mimics Base Sepolia.")
+@click.option("--model", default="smollm2", show_default=True, help="smollm2 (SmolLM2-135M-Instruct) or tiny.")
+@click.option("--env", "env_name", type=click.Choice(["math", "thinking-budget"]), default="math", show_default=True)
+@click.option("--steps", type=int, default=3, show_default=True, help="Tasks each worker completes.")
+@click.option("--workers", type=click.IntRange(1, 2), default=2, show_default=True, help="Honest workers.")
+@click.option("--adversary", is_flag=True, help="Add a cheating worker.")
+@click.option(
+    "--adversary-kind",
+    type=click.Choice(["model", "temperature"]),
+    default="model",
+    show_default=True,
+    help="How the adversary cheats: another model's weights, or a hotter temperature than claimed.",
+)
+@click.option("--window", type=int, default=24 * 3600, show_default=True, help="Validation window (seconds).")
+@click.option("--report", type=click.Path(dir_okay=False), help="Write the outcome (with the audit) as JSON here.")
+@click.option("--timeout", type=float, default=900, show_default=True, help="Give up after this many seconds.")
+@click.option("--chain-only", is_flag=True, help="Only the chain side: a pool with one joined node, no daemons.")
 @click.option("--keep-running", is_flag=True, help="Keep anvil running until Ctrl-C.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def devnet_cmd(workdir: str, port: int, chain_id: int, keep_running: bool, as_json: bool) -> None:
-    """Run the local devnet: anvil, contracts, a pool, a provider with a node, all on 127.0.0.1."""
+def devnet_cmd(
+    workdir: str,
+    port: int,
+    chain_id: int,
+    model: str,
+    env_name: str,
+    steps: int,
+    workers: int,
+    adversary: bool,
+    adversary_kind: str,
+    window: int,
+    report: str | None,
+    timeout: float,
+    chain_only: bool,
+    keep_running: bool,
+    as_json: bool,
+) -> None:
+    """Run the local devnet: anvil, contracts, a pool, a coordinator, workers, a validator (and with
+    --adversary a cheater) as separate processes on 127.0.0.1; ends with a summary and the audit."""
     from pool.devnet import DevnetOptions, run_devnet
 
     run_devnet(
-        DevnetOptions(workdir=Path(workdir), port=port, chain_id=chain_id, keep_running=keep_running, as_json=as_json)
+        DevnetOptions(
+            workdir=Path(workdir),
+            port=port,
+            chain_id=chain_id,
+            keep_running=keep_running,
+            as_json=as_json,
+            window=window,
+            chain_only=chain_only,
+            model=model,
+            env=env_name,
+            steps=steps,
+            workers=workers,
+            adversary=adversary,
+            adversary_kind=adversary_kind,
+            report=Path(report) if report else None,
+            timeout=timeout,
+        )
     )
 
 
@@ -1010,6 +1059,14 @@ def entry(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0
+
+
+from .daemons import COMMANDS as _DAEMON_COMMANDS  # noqa: E402
+from .status_cmd import status_command  # noqa: E402
+
+cli.add_command(status_command)
+for _command in _DAEMON_COMMANDS:
+    cli.add_command(_command)
 
 
 def main() -> None:

@@ -1,38 +1,57 @@
 """`intellect-node devnet`: the whole protocol on one machine, on a local anvil chain.
 
-Today it brings up the chain side (contracts, a funded and started pool, a staked provider whose node
-joined with a coordinator's invite) and prints what it did; the daemons join it as they land.
+It starts anvil, deploys the contracts, creates, funds and starts a pool whose bootstrap record is the
+coordinator's address, then runs every role as its own process on 127.0.0.1: a coordinator, a
+validator, honest workers and (with `--adversary`) a cheating worker. Workers stake, bind and join by
+themselves (`join --yes`), exactly as a user's machine would. Once every worker has done its steps and
+the validator has checked every record, chain time is fast-forwarded past the validation window; the
+honest workers claim, the cheater has been invalidated and slashed, and the devnet ends with the audit
+and a summary (`--report FILE` writes it as JSON).
+
+`--chain-only` stops after the chain side (a pool with one joined node), for exploring the contracts.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
+import httpx
 import trio
+from libp2p.peer.id import ID
 
 from node import ops
-from node.chain import ChainClient
+from node.audit import audit
+from node.chain import ChainClient, Deployment
 from node.chain.anvil import ANVIL_KEYS, Anvil, free_port
 from node.chain.messages import tokens
 from node.chain.rpc import RpcClient
 from node.keys import from_hex
+from node.p2p.host import identity_from_eth_key
 
 from .deploy import TOKEN, DeployParams, deploy
 
-TASK_SPEC = {
-    "name": "devnet-arithmetic",
-    "model": "tiny",
-    "environment": "math",
-    "sampling": {"temperature": 1.0, "top_p": 1.0, "max_tokens": 64},
-    "group_size": 4,
-    "async_level": 2,
-}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def task_spec(model: str, env: str) -> dict[str, Any]:
+    return {
+        "name": "devnet-arithmetic",
+        "model": model,
+        "environment": env,
+        "sampling": {"temperature": 1.0, "top_p": 1.0, "max_tokens": 64},
+        "group_size": 4,
+        "async_level": 2,
+    }
 
 
 @dataclass(frozen=True)
@@ -43,6 +62,16 @@ class DevnetOptions:
     keep_running: bool = False
     as_json: bool = False
     window: int = 24 * 3600
+    chain_only: bool = False
+    model: str = "smollm2"
+    env: str = "math"
+    steps: int = 3
+    workers: int = 2
+    adversary: bool = False
+    adversary_kind: str = "model"
+    report: Path | None = None
+    timeout: float = 900.0
+    live: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -54,68 +83,410 @@ class Roles:
     validator: Any
     provider: Any
     node: Any
+    workers: list[tuple[Any, Any]] = field(default_factory=list)
 
     @classmethod
     def default(cls) -> Roles:
         k = [from_hex(x) for x in ANVIL_KEYS]
-        return cls(owner=k[0], coordinator=k[1], validator=k[2], provider=k[3], node=k[4])
+        # (provider, node) pairs for up to 3 workers: accounts 3/4, 5/6, 7/8
+        return cls(
+            owner=k[0], coordinator=k[1], validator=k[2], provider=k[3], node=k[4],
+            workers=[(k[3], k[4]), (k[5], k[6]), (k[7], k[8])],
+        )  # fmt: skip
 
 
-async def bring_up(url: str, opts: DevnetOptions, roles: Roles, say: Any) -> dict[str, Any]:
+def peer_id_of(account: Any) -> str:
+    return ID.from_pubkey(identity_from_eth_key(bytes(account.key)).public_key).to_base58()
+
+
+async def create_pool(url: str, opts: DevnetOptions, roles: Roles, say: Any, bootstrap: str) -> dict[str, Any]:
     async with RpcClient(url) as rpc:
         dep = await deploy(
             rpc, roles.owner, DeployParams(validators=(roles.validator.address,)), rpc_url=url, progress=say
         )
     dep.save(opts.workdir / "deployment.json")
-    spec_bytes = json.dumps(TASK_SPEC, sort_keys=True).encode()
+    spec_bytes = json.dumps(task_spec(opts.model, opts.env), sort_keys=True).encode()
     (opts.workdir / "task-spec.json").write_bytes(spec_bytes)
-    spec_hash = "0x" + hashlib.sha256(spec_bytes).hexdigest()
-
     owner = await ChainClient.connect(url, dep, roles.owner)
-    provider = await ChainClient.connect(url, dep, roles.provider)
-    coord = await ChainClient.connect(url, dep, roles.coordinator)
     try:
-        for who, amount in ((roles.owner.address, 100_000), (roles.provider.address, 1_000)):
+        mint = [(roles.owner.address, 100_000)] + [(p.address, 1_000) for p, _ in roles.workers]
+        for who, amount in mint:
             await owner.transact("IntellectToken", "mint", who, amount * TOKEN, what="mint")
-        say("minted test tokens to the pool owner and the provider")
+        say("minted test tokens to the pool owner and the providers")
         spec = ops.PoolSpec(
             coordinator=roles.coordinator.address,
             spec_uri=(opts.workdir / "task-spec.json").resolve().as_uri(),
-            spec_hash=spec_hash,
+            spec_hash="0x" + hashlib.sha256(spec_bytes).hexdigest(),
             reward_rate=10**15,
             validation_window=opts.window,
             slash_amount=5 * TOKEN,
             min_stake=20 * TOKEN,
+            bootstrap=bootstrap,
         )
         pool_id, _ = await ops.create_pool(owner, spec)
         await owner.transact("PoolManager", "startPool", pool_id, what="pool start")
         await ops.fund_pool(owner, pool_id, 10_000 * TOKEN)
         say(
-            f"created, started and funded pool {pool_id} (reward {tokens(spec.reward_rate)}/unit, window {opts.window} s)"
+            f"created, started and funded pool {pool_id} (reward {tokens(spec.reward_rate)}/unit, "
+            f"window {opts.window} s, slash {tokens(spec.slash_amount)})"
         )
+    finally:
+        await owner.aclose()
+    return {"deployment": dep, "pool": pool_id}
+
+
+async def join_one_node(url: str, dep: Any, roles: Roles, pool_id: int, say: Any) -> None:
+    """The chain-only devnet: one provider with one node joined by a coordinator's invite."""
+    provider = await ChainClient.connect(url, dep, roles.provider)
+    coord = await ChainClient.connect(url, dep, roles.coordinator)
+    try:
         await ops.register_provider(provider, 100 * TOKEN)
         sig = ops.node_signature(provider, roles.node, roles.provider.address)
         await ops.add_node(provider, roles.node.address, 1, sig)
-        say(
-            f"registered provider {roles.provider.address} with {tokens(100 * TOKEN)} and bound node {roles.node.address}"
-        )
+        say(f"registered provider {roles.provider.address} and bound node {roles.node.address}")
         invite = await ops.make_invite(coord, roles.coordinator, pool_id, roles.node.address, 3600)
         await ops.join_pool(provider, invite)
-        say(
-            f"node {roles.node.address} joined pool {pool_id} with an invite signed by coordinator {roles.coordinator.address}"
-        )
-        info = await ops.pool_info(owner, pool_id)
+        say(f"node {roles.node.address} joined pool {pool_id} with a coordinator's invite")
     finally:
-        for c in (owner, provider, coord):
+        await provider.aclose()
+        await coord.aclose()
+
+
+# ---------------------------------------------------------------------------------------- processes
+
+
+@dataclass
+class Proc:
+    name: str
+    role: str
+    http_port: int
+    data_dir: Path
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    popen: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    status: dict[str, Any] = field(default_factory=dict)
+
+    def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        self.popen = subprocess.Popen(
+            self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT), start_new_session=True
+        )
+        log.close()
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        self.popen.send_signal(signal.SIGTERM)
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(5)
+
+    def kill9(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(5)
+
+    def tail(self, n: int = 15) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+
+def cli_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cli.main", *args]
+
+
+def make_procs(opts: DevnetOptions, url: str, roles: Roles, pool_id: int, coord_port: int) -> list[Proc]:
+    dep = str(opts.workdir / "deployment.json")
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("INTELLECT_")}
+    base_env.update({"INTELLECT_RPC_URL": url, "INTELLECT_DEPLOYMENT": dep, "PYTHONUNBUFFERED": "1"})
+    procs = []
+
+    def add(name: str, role: str, args: list[str], key: Any, node_key: Any = None) -> None:
+        port = free_port()
+        env = dict(base_env, INTELLECT_PRIVATE_KEY=key.key.hex())
+        if node_key is not None:
+            env["INTELLECT_NODE_KEY"] = node_key.key.hex()
+        d = opts.workdir / name
+        argv = cli_argv(*args, "--data-dir", str(d), "--metrics", f"127.0.0.1:{port}")
+        procs.append(Proc(name, role, port, d, argv, env, opts.workdir / f"{name}.log"))
+
+    add(
+        "coordinator",
+        "coordinator",
+        ["coordinator", "--pool", str(pool_id), "--listen", f"/ip4/127.0.0.1/tcp/{coord_port}",
+         "--model", opts.model, "--env", opts.env, "--record-every", "2", "--eject-after", "900"],
+        roles.coordinator,
+    )  # fmt: skip
+    add(
+        "validator",
+        "validator",
+        ["validate", "--pool", str(pool_id), "--listen", "/ip4/127.0.0.1/tcp/0", "--model", opts.model],
+        roles.validator,
+    )
+    n_workers = opts.workers + (1 if opts.adversary else 0)
+    if n_workers > len(roles.workers):
+        raise click.UsageError(f"the devnet has keys for {len(roles.workers)} workers")
+    for i in range(n_workers):
+        provider, node = roles.workers[i]
+        cheat = opts.adversary and i == n_workers - 1
+        args = ["join", "--pool", str(pool_id), "--listen", "/ip4/127.0.0.1/tcp/0", "--steps", str(opts.steps), "--yes"]
+        if cheat:
+            args += ["--cheat", opts.adversary_kind]
+        add("cheater" if cheat else f"worker{i + 1}", "worker", args, provider, node)
+    return procs
+
+
+async def poll_status(client: httpx.AsyncClient, procs: list[Proc]) -> None:
+    for p in procs:
+        try:
+            r = await client.get(f"http://127.0.0.1:{p.http_port}/status", timeout=2.0)
+            p.status = r.json() if r.status_code == 200 else {"error": r.status_code}
+        except (httpx.HTTPError, ValueError):
+            p.status = {"phase": "starting"} if p.alive() else {"phase": "exited"}
+
+
+def status_line(p: Proc) -> str:
+    s = p.status
+    if p.role == "worker":
+        return (
+            f"{p.name:<11} {s.get('phase', '?')[:38]:<38} accepted {s.get('accepted', 0)}/{s.get('steps', '?')}"
+            f"  claimed {tokens(int(s.get('claimed_tokens', 0)))}"
+        )
+    if p.role == "coordinator":
+        r = s.get("rollouts", {})
+        mr = s.get("mean_reward")
+        return (
+            f"{p.name:<11} members {len(s.get('members', []))}  accepted {r.get('accepted', 0)}"
+            f"  recorded {r.get('recorded', 0)}  rejected {sum(s.get('rejected', {}).values())}"
+            f"  mean reward {mr if mr is None else round(mr, 3)}"
+        )
+    c = s.get("checks", {})
+    return (
+        f"{p.name:<11} seen {s.get('seen', 0)}  ok {c.get('ok', 0)}  invalidated {c.get('invalidated', 0)}"
+        f"  open {s.get('open', 0)}"
+    )
+
+
+class DevnetFailed(click.ClickException):
+    pass
+
+
+async def orchestrate(
+    url: str, opts: DevnetOptions, roles: Roles, pool_id: int, procs: list[Proc], say: Any
+) -> dict[str, Any]:
+    by_role = {p.name: p for p in procs}
+    coord, validator = by_role["coordinator"], by_role["validator"]
+    workers = [p for p in procs if p.role == "worker"]
+    deadline = time.monotonic() + opts.timeout
+    live = opts.live if opts.live is not None else (sys.stdout.isatty() and not opts.as_json)
+    view: Any = None
+    if live:
+        from rich.live import Live
+
+        view = Live(refresh_per_second=2, transient=False)
+        view.start()
+    last_print = 0.0
+
+    def show(stage: str) -> None:
+        nonlocal last_print
+        lines = [f"[{time.strftime('%H:%M:%S')}] {stage}"] + ["  " + status_line(p) for p in procs]
+        if view is not None:
+            from rich.text import Text
+
+            view.update(Text("\n".join(lines)))
+        elif time.monotonic() - last_print > 10 and not opts.as_json:
+            last_print = time.monotonic()
+            click.echo("\n".join(lines))
+
+    async def wait_until(cond: Any, stage: str) -> None:
+        while True:
+            await poll_status(client, procs)
+            show(stage)
+            for p in procs:
+                if not p.alive():
+                    raise DevnetFailed(
+                        f"{p.name} exited with code {p.popen.returncode if p.popen else '?'}:\n{p.tail()}"
+                    )
+            if cond():
+                return
+            if time.monotonic() > deadline:
+                tails = "\n".join(f"--- {p.name}\n{p.tail(8)}" for p in procs)
+                raise DevnetFailed(f"timed out after {opts.timeout:.0f} s while: {stage}\n{tails}")
+            await trio.sleep(1.0)
+
+    try:
+        async with httpx.AsyncClient() as client:
+            await wait_until(
+                lambda: all(w.status.get("accepted", 0) >= opts.steps for w in workers),
+                f"workers generating {opts.steps} step(s) each",
+            )
+
+            def recorded_and_checked() -> bool:
+                r = coord.status.get("rollouts", {})
+                total = sum(w.status.get("accepted", 0) for w in workers)
+                return (
+                    r.get("accepted", 0) == 0
+                    and r.get("recorded", 0) + r.get("dropped", 0) >= total
+                    and validator.status.get("seen", 0) >= r.get("recorded", 0)
+                    and validator.status.get("open", 1) == 0
+                )
+
+            await wait_until(recorded_and_checked, "recording work on chain and validating it")
+            async with RpcClient(url) as rpc:
+                await rpc.request("evm_increaseTime", [opts.window + 1])
+                await rpc.request("evm_mine", [])
+            say(f"fast-forwarded chain time by {opts.window + 1} s: the validation window is over")
+            reader = await ChainClient.connect(url, Deployment.load(opts.workdir / "deployment.json"))
+            try:
+                while int((await reader.call("WorkLedger", "poolAccount", pool_id))["pendingUnits"]) > 0:
+                    await wait_until(lambda: True, "workers claiming final rewards")
+                    await trio.sleep(1.0)
+                report = await audit(reader, pool_id)
+            finally:
+                await reader.aclose()
+    finally:
+        if view is not None:
+            view.stop()
+    return build_report(opts, roles, pool_id, procs, report)
+
+
+def build_report(opts: DevnetOptions, roles: Roles, pool_id: int, procs: list[Proc], rep: Any) -> dict[str, Any]:
+    coord = next(p for p in procs if p.role == "coordinator")
+    per_node = coord.status.get("per_node", {})
+    nodes = {}
+    for p in procs:
+        if p.role != "worker":
+            continue
+        node = p.status.get("node", "")
+        ledger = rep.nodes.get(node, {})
+        acc = per_node.get(node, {})
+        nodes[p.name] = {
+            "node": node,
+            "provider": p.status.get("provider"),
+            "cheater": p.name == "cheater",
+            "rollouts_accepted": acc.get("recorded", 0) + acc.get("accepted", 0),
+            "rollouts_invalidated": ledger.get("invalidated_records", 0),
+            "units_recorded": ledger.get("recorded_units", 0),
+            "units_invalidated": ledger.get("invalidated_units", 0),
+            "units_claimed": ledger.get("claimed_units", 0),
+            "tokens_claimed": ledger.get("claimed_tokens", 0),
+            "slashes": ledger.get("slashes", []),
+            "slashed_tokens": ledger.get("slashed_tokens", 0),
+        }
+    return {
+        "pool": pool_id,
+        "model": opts.model,
+        "steps": opts.steps,
+        "adversary": opts.adversary_kind if opts.adversary else None,
+        "nodes": nodes,
+        "validator": next(p for p in procs if p.role == "validator").status.get("checks", {}),
+        "coordinator": {k: coord.status.get(k) for k in ("rollouts", "rejected", "mean_reward", "txs")},
+        "audit": {
+            "consistent": rep.consistent,
+            "mismatches": rep.mismatches,
+            "totals": rep.totals,
+            "providers": rep.providers,
+        },
+    }
+
+
+def check_outcome(report: dict[str, Any]) -> list[str]:
+    """What went wrong, if anything: honest work claimed, cheating invalidated and slashed, audit clean."""
+    problems = []
+    for name, n in report["nodes"].items():
+        if n["cheater"]:
+            if n["rollouts_invalidated"] == 0 or n["slashed_tokens"] == 0:
+                problems.append(f"{name} cheated but was not invalidated and slashed")
+            if n["units_claimed"]:
+                problems.append(f"{name} cheated but claimed {n['units_claimed']} units")
+        else:
+            if n["rollouts_invalidated"]:
+                problems.append(f"honest {name} had {n['rollouts_invalidated']} rollout(s) invalidated")
+            if n["units_claimed"] == 0 or n["units_claimed"] != n["units_recorded"]:
+                problems.append(f"honest {name} claimed {n['units_claimed']} of {n['units_recorded']} units")
+    if not report["audit"]["consistent"]:
+        problems.append("audit found mismatches: " + "; ".join(report["audit"]["mismatches"][:5]))
+    return problems
+
+
+def run_devnet(opts: DevnetOptions) -> dict[str, Any]:
+    opts.workdir.mkdir(parents=True, exist_ok=True)
+    port = opts.port or free_port()
+    say = (lambda m: None) if opts.as_json else (lambda m: click.echo(m))
+    started = time.monotonic()
+    roles = Roles.default()
+    coord_port = free_port()
+    bootstrap = f"/ip4/127.0.0.1/tcp/{coord_port}/p2p/{peer_id_of(roles.coordinator)}"
+    with Anvil(port=port, chain_id=opts.chain_id, log_file=str(opts.workdir / "anvil.log")) as anvil:
+        say(f"anvil running on {anvil.url} (chain id {opts.chain_id})")
+        made = trio.run(create_pool, anvil.url, opts, roles, say, bootstrap)
+        pool_id = made["pool"]
+        dep = made["deployment"]
+        if opts.chain_only:
+            trio.run(join_one_node, anvil.url, dep, roles, pool_id, say)
+            summary = chain_summary(anvil.url, opts, roles, pool_id, dep)
+        else:
+            procs = make_procs(opts, anvil.url, roles, pool_id, coord_port)
+            say(f"starting {', '.join(p.name for p in procs)} (logs in {opts.workdir}/<name>.log)")
+            try:
+                for p in procs:
+                    p.start()
+                report = trio.run(orchestrate, anvil.url, opts, roles, pool_id, procs, say)
+            finally:
+                for p in procs:
+                    p.stop()
+            report["seconds"] = round(time.monotonic() - started, 1)
+            problems = check_outcome(report)
+            report["ok"] = not problems
+            report["problems"] = problems
+            summary = report
+            if opts.report is not None:
+                opts.report.write_text(json.dumps(report, indent=2, default=str) + "\n")
+            print_summary(report, say)
+        summary["seconds"] = round(time.monotonic() - started, 2)
+        (opts.workdir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        if opts.as_json:
+            click.echo(json.dumps(summary, indent=2, default=str))
+        if opts.keep_running:
+            say(f"anvil keeps running on {anvil.url}; Ctrl-C stops it")
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                say("stopping")
+        if not opts.chain_only and summary["problems"]:
+            raise DevnetFailed("devnet outcome is wrong: " + "; ".join(summary["problems"]))
+    return summary
+
+
+def chain_summary(url: str, opts: DevnetOptions, roles: Roles, pool_id: int, dep: Any) -> dict[str, Any]:
+    async def info() -> dict[str, Any]:
+        c = await ChainClient.connect(url, dep)
+        try:
+            return await ops.pool_info(c, pool_id)
+        finally:
             await c.aclose()
+
+    pinfo = trio.run(info)
     return {
         "rpc_url": url,
         "chain_id": dep.chain_id,
         "deployment": str(opts.workdir / "deployment.json"),
         "contracts": dep.contracts,
         "pool": pool_id,
-        "pool_status": info["statusName"],
-        "members": info["members"],
+        "pool_status": pinfo["statusName"],
+        "members": pinfo["members"],
         "roles": {
             "owner": roles.owner.address,
             "coordinator": roles.coordinator.address,
@@ -126,29 +497,20 @@ async def bring_up(url: str, opts: DevnetOptions, roles: Roles, say: Any) -> dic
     }
 
 
-def run_devnet(opts: DevnetOptions) -> dict[str, Any]:
-    opts.workdir.mkdir(parents=True, exist_ok=True)
-    port = opts.port or free_port()
-    say = (lambda m: None) if opts.as_json else (lambda m: click.echo(m))
-    started = time.monotonic()
-    with Anvil(port=port, chain_id=opts.chain_id, log_file=str(opts.workdir / "anvil.log")) as anvil:
-        say(f"anvil running on {anvil.url} (chain id {opts.chain_id})")
-        summary = trio.run(bring_up, anvil.url, opts, Roles.default(), say)
-        summary["seconds"] = round(time.monotonic() - started, 2)
-        (opts.workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        if opts.as_json:
-            click.echo(json.dumps(summary, indent=2))
-        else:
-            say(f"devnet ready in {summary['seconds']} s; summary in {opts.workdir / 'summary.json'}")
-            if opts.keep_running:
-                say(f"try: intellect-node audit --pool {summary['pool']} --deployment {summary['deployment']}")
-            else:
-                say("anvil stops now; `intellect-node devnet --keep-running` keeps the chain up to explore it")
-        if opts.keep_running:
-            say("anvil keeps running; Ctrl-C stops it")
-            try:
-                while True:
-                    time.sleep(3600)
-            except KeyboardInterrupt:
-                say("stopping")
-    return summary
+def print_summary(report: dict[str, Any], say: Any) -> None:
+    say("")
+    say(f"devnet summary (pool {report['pool']}, model {report['model']}, {report['steps']} step(s) per worker)")
+    for name, n in report["nodes"].items():
+        say(
+            f"  {name:<9} accepted {n['rollouts_accepted']:>2}  invalidated {n['rollouts_invalidated']:>2}  "
+            f"units {n['units_recorded']:>5}  claimed {tokens(n['tokens_claimed'])}  "
+            f"slashed {tokens(n['slashed_tokens'])}"
+        )
+        for s in n["slashes"]:
+            say(f"            slash {tokens(s['amount'])} for work {s['work_key'][:14]}... in tx {s['tx']}")
+    a = report["audit"]
+    say(f"  audit: {'consistent' if a['consistent'] else 'MISMATCHES: ' + '; '.join(a['mismatches'][:3])}")
+    if report["problems"]:
+        say("  PROBLEMS: " + "; ".join(report["problems"]))
+    else:
+        say("  outcome as expected: honest work claimed, cheating invalidated and slashed")

@@ -50,7 +50,7 @@ def test_keystore_through_the_cli(chain, tmp_path, monkeypatch, capsys):
 def test_devnet_command_brings_up_the_chain_side(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("INTELLECT_")}
     p = subprocess.run(
-        [sys.executable, "-m", "cli.main", "devnet", "--dir", str(tmp_path / "dn"), "--json"],
+        [sys.executable, "-m", "cli.main", "devnet", "--chain-only", "--dir", str(tmp_path / "dn"), "--json"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,0 +1,269 @@
+"""The long-running commands: `join` (worker), `validate` (validator) and `coordinator` (pool owner)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+import trio
+
+from node import keys
+from node.chain import ChainError
+from node.daemon import parse_bootstrap, setup_logging, until_signal
+
+from ._common import AMOUNT, Settings, common
+
+NODE_KEY_ENV = "INTELLECT_NODE_KEY"
+
+
+def _metrics_addr(text: str | None) -> tuple[str, int] | None:
+    if not text:
+        return None
+    host, _, port = text.rpartition(":")
+    try:
+        return (host or "127.0.0.1", int(port))
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not HOST:PORT") from None
+
+
+def _bootstrap(values: tuple[str, ...]) -> list[str]:
+    try:
+        return [a for v in values for a in parse_bootstrap(v)]
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+async def _serve(daemon: Any, metrics: Any, metrics_addr: tuple[str, int] | None, what: str, data_dir: Path) -> None:
+    """Run `daemon` until it fails or SIGINT/SIGTERM, with its /metrics and /status HTTP endpoint."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(until_signal, nursery.cancel_scope, what)
+        if metrics_addr is not None:
+            from node.metrics import serve_http
+
+            port = await nursery.start(serve_http, metrics, metrics_addr[0], metrics_addr[1], daemon.status)
+            (data_dir / "http.json").write_text(json.dumps({"host": metrics_addr[0], "port": port}))
+        await daemon.run()
+        nursery.cancel_scope.cancel()
+
+
+def _make_metrics(role: str) -> Any:
+    from node.metrics import Metrics
+
+    return Metrics(role)
+
+
+def _node_key(data_dir: Path, node_keystore: str | None) -> Any:
+    """The node's key: a keystore, INTELLECT_NODE_KEY, or one created on first start in the data dir."""
+    if node_keystore:
+        return keys.load_keystore(node_keystore)
+    hexkey = os.environ.get(NODE_KEY_ENV)
+    if hexkey:
+        return keys.from_hex(hexkey, NODE_KEY_ENV)
+    path = data_dir / "node-key.json"
+    if path.exists():
+        return keys.load_keystore(path) if os.environ.get(keys.PASSWORD_ENV) else _read_plain(path)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if os.environ.get(keys.PASSWORD_ENV):
+        acct = keys.new_keystore(path, os.environ[keys.PASSWORD_ENV])
+    else:
+        from eth_account import Account
+
+        acct = Account.create()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"plain_private_key": acct.key.hex()}, fh)
+        click.echo(f"created node key {acct.address} in {path} (unencrypted: set {keys.PASSWORD_ENV} to encrypt)")
+    return acct
+
+
+def _read_plain(path: Path) -> Any:
+    data = json.loads(path.read_text())
+    if "plain_private_key" not in data:
+        raise ChainError(f"{path} is an encrypted keystore", f"set {keys.PASSWORD_ENV}")
+    return keys.from_hex(data["plain_private_key"], str(path))
+
+
+def _confirm(question: str) -> bool:
+    return bool(click.confirm(question + "?", default=False))
+
+
+@click.command("join")
+@click.option("--pool", "pool_id", type=int, required=True, help="Pool id to work for.")
+@click.option("--data-dir", type=click.Path(file_okay=False), default="~/.intellect-node/worker", show_default=True)
+@click.option(
+    "--node-keystore",
+    type=click.Path(dir_okay=False),
+    help="Node key keystore (else INTELLECT_NODE_KEY, else a key created in the data dir).",
+)
+@click.option("--listen", default="/ip4/0.0.0.0/tcp/0", show_default=True, help="libp2p listen multiaddr.")
+@click.option("--bootstrap", multiple=True, help="Bootstrap multiaddr(s) (default: the pool's on-chain record).")
+@click.option("--stake", type=AMOUNT, help="Stake at least this much (default: the pool's minimum).")
+@click.option("--steps", type=int, default=0, show_default=True, help="Stop taking tasks after N accepted (0: never).")
+@click.option("--cheat", type=click.Choice(["model", "temperature"]), hidden=True, help="Devnet adversary.")
+@click.option(
+    "--metrics",
+    "metrics_at",
+    default="127.0.0.1:9410",
+    show_default=True,
+    help="HOST:PORT of /metrics and /status ('' disables).",
+)
+@click.option("--yes", is_flag=True, help="Do not ask before staking.")
+@click.option("-v", "--verbose", is_flag=True)
+@common
+def join_command(
+    s: Settings,
+    pool_id: int,
+    data_dir: str,
+    node_keystore: str | None,
+    listen: str,
+    bootstrap: tuple[str, ...],
+    stake: int | None,
+    steps: int,
+    cheat: str | None,
+    metrics_at: str,
+    yes: bool,
+    verbose: bool,
+) -> None:
+    """Turn this machine into a worker of pool POOL: stake, join, generate verified rollouts, earn."""
+    from node.worker import Declined, Worker, WorkerConfig
+
+    setup_logging(verbose)
+    d = Path(data_dir).expanduser()
+    dep = s.deployment()
+    provider = s.account()
+    node = _node_key(d, node_keystore)
+    cfg = WorkerConfig(
+        pool_id=pool_id,
+        data_dir=d,
+        rpc_url=s.url_for(dep),
+        deployment=dep,
+        listen=listen,
+        bootstrap=_bootstrap(bootstrap),
+        yes=yes,
+        steps=steps,
+        stake=stake,
+        cheat=cheat,
+    )
+    metrics = _make_metrics("worker")
+    worker = Worker(cfg, provider, node, confirm=_confirm, metrics=metrics)
+    try:
+        trio.run(_serve, worker, metrics, _metrics_addr(metrics_at), "worker", d)
+    except Declined as exc:
+        raise ChainError(f"not confirmed: {exc}", "pass --yes to skip the question") from None
+
+
+@click.command("validate")
+@click.option("--pool", "pool_id", type=int, required=True)
+@click.option("--data-dir", type=click.Path(file_okay=False), default="~/.intellect-node/validator", show_default=True)
+@click.option("--listen", default="/ip4/0.0.0.0/tcp/0", show_default=True)
+@click.option("--bootstrap", multiple=True, help="Bootstrap multiaddr(s) (default: the pool's on-chain record).")
+@click.option("--model", default="tiny", show_default=True, help="The pool's model (tiny, smollm2 or a folder).")
+@click.option("--thresholds", help="Thresholds file or name (default: the model's shipped calibration).")
+@click.option(
+    "--sample-rate",
+    type=click.FloatRange(0, 1),
+    default=1.0,
+    show_default=True,
+    help="Fraction of recorded work to re-check.",
+)
+@click.option("--metrics", "metrics_at", default="127.0.0.1:9411", show_default=True)
+@click.option("-v", "--verbose", is_flag=True)
+@common
+def validate_command(
+    s: Settings,
+    pool_id: int,
+    data_dir: str,
+    listen: str,
+    bootstrap: tuple[str, ...],
+    model: str,
+    thresholds: str | None,
+    sample_rate: float,
+    metrics_at: str,
+    verbose: bool,
+) -> None:
+    """Re-check recorded work of pool POOL and invalidate cheating inside the validation window."""
+    from node.validator import Validator, ValidatorConfig
+
+    setup_logging(verbose)
+    d = Path(data_dir).expanduser()
+    dep = s.deployment()
+    key = s.account()
+    cfg = ValidatorConfig(
+        pool_id=pool_id,
+        data_dir=d,
+        rpc_url=s.url_for(dep),
+        deployment=dep,
+        listen=listen,
+        bootstrap=_bootstrap(bootstrap) or None,
+        model=model,
+        thresholds=thresholds,
+        sample_rate=sample_rate,
+    )
+    metrics = _make_metrics("validator")
+    trio.run(_serve, Validator(cfg, key, metrics), metrics, _metrics_addr(metrics_at), "validator", d)
+
+
+@click.command("coordinator")
+@click.option("--pool", "pool_id", type=int, required=True)
+@click.option(
+    "--data-dir", type=click.Path(file_okay=False), default="~/.intellect-node/coordinator", show_default=True
+)
+@click.option("--listen", default="/ip4/0.0.0.0/tcp/4001", show_default=True)
+@click.option("--model", default="tiny", show_default=True)
+@click.option("--env", "env_name", type=click.Choice(["math", "thinking-budget"]), default="math", show_default=True)
+@click.option("--prompts", type=int, default=4, show_default=True, help="Problems per task.")
+@click.option("--group-size", type=int, default=4, show_default=True, help="Completions per problem.")
+@click.option("--max-tokens", type=int, default=64, show_default=True)
+@click.option("--temperature", type=float, default=1.0, show_default=True)
+@click.option("--record-every", type=float, default=5.0, show_default=True, help="Seconds between work batches.")
+@click.option(
+    "--eject-after", type=float, default=600.0, show_default=True, help="Eject members silent this long (0: never)."
+)
+@click.option("--metrics", "metrics_at", default="127.0.0.1:9412", show_default=True)
+@click.option("-v", "--verbose", is_flag=True)
+@common
+def coordinator_command(
+    s: Settings,
+    pool_id: int,
+    data_dir: str,
+    listen: str,
+    model: str,
+    env_name: str,
+    prompts: int,
+    group_size: int,
+    max_tokens: int,
+    temperature: float,
+    record_every: float,
+    eject_after: float,
+    metrics_at: str,
+    verbose: bool,
+) -> None:
+    """Coordinate pool POOL: invites, tasks, rollout intake, batched work records, ejections."""
+    from pool.coordinator import Coordinator, CoordinatorConfig
+
+    setup_logging(verbose)
+    d = Path(data_dir).expanduser()
+    dep = s.deployment()
+    key = s.account()
+    cfg = CoordinatorConfig(
+        pool_id=pool_id,
+        data_dir=d,
+        rpc_url=s.url_for(dep),
+        deployment=dep,
+        listen=listen,
+        model=model,
+        env=env_name,
+        prompts=prompts,
+        group_size=group_size,
+        sampling={"temperature": temperature, "top_p": 1.0, "max_tokens": max_tokens},
+        record_every=record_every,
+        eject_after=eject_after,
+    )
+    metrics = _make_metrics("coordinator")
+    trio.run(_serve, Coordinator(cfg, key, metrics), metrics, _metrics_addr(metrics_at), "coordinator", d)
+
+
+COMMANDS = [join_command, validate_command, coordinator_command]

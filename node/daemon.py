@@ -1,0 +1,149 @@
+"""Plumbing shared by the three daemons (worker, validator, coordinator): connecting to the chain with
+retries, the pool's bootstrap peers, model tools, clean shutdown on SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+from eth_account.signers.local import LocalAccount
+
+from .chain import ChainClient, ChainError, Deployment
+from .chain.errors import RpcUnavailable
+from .chain.tx import TxJournal
+from .p2p.host import eth_address_from_peer_id
+
+log = logging.getLogger(__name__)
+
+
+async def connect_chain(
+    rpc_url: str,
+    deployment: Deployment,
+    account: LocalAccount | None,
+    *,
+    journal: TxJournal | None = None,
+    wait: float = 60.0,
+    what: str = "daemon",
+) -> ChainClient:
+    """Connect, retrying with back-off for up to `wait` seconds while the RPC endpoint is down.
+    Any other failure (wrong chain, no contracts) is raised at once: retrying cannot fix it."""
+    delay = 1.0
+    deadline = trio.current_time() + wait
+    while True:
+        try:
+            return await ChainClient.connect(rpc_url, deployment, account, journal=journal)
+        except RpcUnavailable as exc:
+            if trio.current_time() + delay > deadline:
+                raise ChainError(
+                    f"{what}: the RPC endpoint {rpc_url} is unreachable (gave up after {wait:.0f} s): {exc.message}",
+                    "start the chain node or pass the right --rpc-url",
+                ) from None
+            log.warning("%s: RPC %s unreachable, retrying in %.0f s", what, rpc_url, delay)
+            await trio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+
+async def retry_rpc(fn: Callable[[], Awaitable[Any]], what: str, *, wait: float = 120.0) -> Any:
+    """Run `fn`, retrying while the RPC endpoint is unreachable (mid-run outages), up to `wait` s."""
+    delay = 0.5
+    deadline = trio.current_time() + wait
+    while True:
+        try:
+            return await fn()
+        except RpcUnavailable:
+            if trio.current_time() + delay > deadline:
+                raise
+            log.warning("%s: RPC unreachable, retrying in %.1f s", what, delay)
+            await trio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+
+def parse_bootstrap(text: str) -> list[str]:
+    """Multiaddrs from a comma- or whitespace-separated list (the pool's on-chain `bootstrap`)."""
+    out = []
+    for part in text.replace(",", " ").split():
+        if "/p2p/" not in part:
+            raise ValueError(f"bootstrap address {part!r} has no /p2p/<peer id> part")
+        out.append(part)
+    return out
+
+
+def coordinator_addr(bootstrap: list[str], coordinator: str) -> str:
+    """The bootstrap multiaddr whose peer id is the pool coordinator's key."""
+    for addr in bootstrap:
+        peer = addr.rsplit("/p2p/", 1)[-1]
+        try:
+            if eth_address_from_peer_id(peer).lower() == coordinator.lower():
+                return addr
+        except Exception:
+            continue
+    raise ChainError(
+        f"none of the bootstrap addresses belongs to the pool's coordinator {coordinator}",
+        "pass --coordinator-addr with the coordinator's /ip4/.../p2p/... address, or ask the pool owner to set "
+        "the pool's bootstrap",
+    )
+
+
+@dataclass
+class ModelTools:
+    """Tokenizer-derived functions every role needs for a model, identical on all of them."""
+
+    name: str
+    path: Path
+    encode: Callable[[str], list[int]]
+    decode: Callable[[list[int]], str]
+    stop_ids: set[int]
+
+
+def model_tools(name: str) -> ModelTools:
+    from transformers import AutoTokenizer
+
+    from .inference.models import ensure_model
+    from .tasks.prompts import prompt_encoder, stop_ids
+
+    path = ensure_model(name)
+    tok = AutoTokenizer.from_pretrained(str(path))
+    return ModelTools(
+        name,
+        path,
+        prompt_encoder(tok),
+        lambda ids: str(tok.decode(ids, skip_special_tokens=True)),
+        stop_ids(tok),
+    )
+
+
+async def until_signal(cancel: trio.CancelScope, what: str) -> None:
+    """Cancel `cancel` on SIGINT or SIGTERM: the daemon's nurseries unwind and it exits cleanly."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for sig in signals:
+            log.info("%s: %s received, shutting down", what, signal.Signals(sig).name)
+            cancel.cancel()
+            return
+
+
+def setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    from .p2p.host import quiet_libp2p_logs
+
+    quiet_libp2p_logs()
+    for noisy in ("httpx", "httpcore", "vllm", "transformers"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def count(metrics: Any, name: str, value: float = 1.0, **labels: str) -> None:
+    """Increment the `node.metrics.Metrics` attribute `name` (no-op without metrics or for unknown names)."""
+    if metrics is None:
+        return
+    m = getattr(metrics, name, None)
+    if m is None:
+        return
+    (m.labels(**labels) if labels else m).inc(value)

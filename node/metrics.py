@@ -1,0 +1,307 @@
+"""Prometheus metrics of the daemons (worker, validator, coordinator) and a small HTTP server for them.
+
+Each `Metrics` holds its own `CollectorRegistry`, so several daemons in one process (as in the tests)
+never clash over metric names. `serve_http` is a trio + h11 server with bounded resources: a cap on
+the request head, on the request body, on concurrent connections and on each connection's lifetime.
+It serves `GET /metrics` (Prometheus text format) and `GET /status` (JSON from a caller's callable).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import h11
+import trio
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+log = logging.getLogger(__name__)
+
+TOKEN = 10**18
+MAX_HEAD_BYTES = 8 * 1024
+MAX_BODY_BYTES = 16 * 1024
+MAX_CONNECTIONS = 64
+CONNECTION_TIMEOUT = 10.0
+MAX_REQUESTS_PER_CONNECTION = 100
+RECV_BYTES = 16 * 1024
+
+StatusFn = Callable[[], dict[str, Any]]
+
+
+def _tokens(amount: int) -> float:
+    """Base units (18 decimals) as a float number of tokens, for gauges and counters."""
+    return int(amount) / TOKEN
+
+
+class Metrics:
+    """The counters and gauges of one daemon, in a registry of its own.
+
+    Counters are exposed with the `_total` suffix Prometheus adds (`intellect_heartbeats_total`).
+    """
+
+    def __init__(self, role: str = "") -> None:
+        self.role = role
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        # Role of the daemon: a constant 1 with the role as a label (empty when not given).
+        self.info = Gauge("intellect_node_info", "The daemon's role (constant 1).", ["role"], registry=r)
+        self.info.labels(role=role).set(1)
+
+        # worker
+        self.rollouts_generated = Counter("intellect_rollouts_generated", "Rollouts generated.", registry=r)
+        self.rollouts_uploaded = Counter("intellect_rollouts_uploaded", "Rollouts uploaded.", registry=r)
+        self.tokens_generated = Counter("intellect_tokens_generated", "Completion tokens generated.", registry=r)
+        self.proofs_built = Counter("intellect_proofs_built", "TOPLOC proofs built.", registry=r)
+        # validator / coordinator
+        self.rollouts_accepted = Counter("intellect_rollouts_accepted", "Rollouts accepted.", registry=r)
+        self.rollouts_rejected = Counter(
+            "intellect_rollouts_rejected", "Rollouts rejected, by reason.", ["reason"], registry=r
+        )
+        self.verdicts = Counter(
+            "intellect_verdicts", "Verification verdicts, by result (ok / failed).", ["result"], registry=r
+        )
+        self.work_records_submitted = Counter(
+            "intellect_work_records_submitted", "Work records submitted on chain.", registry=r
+        )
+        self.invalidations = Counter("intellect_invalidations", "Work invalidations sent.", registry=r)
+        self.claims = Counter("intellect_claims", "Reward claims sent.", registry=r)
+        # gossip
+        self.gossip_rejected = Counter(
+            "intellect_gossip_rejected", "Gossip messages rejected, by reason.", ["reason"], registry=r
+        )
+        self.gossip_dropped = Counter("intellect_gossip_dropped", "Gossip messages dropped (queues full).", registry=r)
+        # chain
+        self.chain_tx_sent = Counter(
+            "intellect_chain_tx_sent", "Chain transactions sent, by kind.", ["kind"], registry=r
+        )
+        self.chain_tx_failed = Counter(
+            "intellect_chain_tx_failed", "Chain transactions that failed, by kind.", ["kind"], registry=r
+        )
+        self.stake_tokens = Gauge("intellect_stake_tokens", "The provider's active stake, in tokens.", registry=r)
+        self.rewards_claimed_tokens = Counter(
+            "intellect_rewards_claimed_tokens", "Rewards claimed, in tokens.", registry=r
+        )
+        self.policy_version = Gauge("intellect_policy_version", "The policy version in use.", registry=r)
+        self.heartbeats = Counter("intellect_heartbeats", "Heartbeats sent.", registry=r)
+
+    # ------------------------------------------------------------------ helpers
+
+    def verdict(self, ok: bool) -> None:
+        self.verdicts.labels(result="ok" if ok else "failed").inc()
+
+    def rejected(self, reason: str) -> None:
+        self.rollouts_rejected.labels(reason=reason).inc()
+
+    def gossip_reject(self, reason: str) -> None:
+        self.gossip_rejected.labels(reason=reason).inc()
+
+    def tx(self, kind: str, ok: bool = True) -> None:
+        """Count one chain transaction of `kind` as sent, and as failed when not `ok`."""
+        self.chain_tx_sent.labels(kind=kind).inc()
+        if not ok:
+            self.chain_tx_failed.labels(kind=kind).inc()
+
+    def set_stake(self, base_units: int) -> None:
+        self.stake_tokens.set(_tokens(base_units))
+
+    def add_rewards(self, base_units: int) -> None:
+        self.rewards_claimed_tokens.inc(_tokens(base_units))
+
+    def render(self) -> bytes:
+        """The registry in the Prometheus text exposition format."""
+        return generate_latest(self.registry)
+
+
+# ---------------------------------------------------------------------- HTTP
+
+
+class _Slots:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+
+def _response(status: int, body: bytes, content_type: str, close: bool) -> list[h11.Event]:
+    headers = [
+        ("Content-Type", content_type),
+        ("Content-Length", str(len(body))),
+        ("Cache-Control", "no-store"),
+    ]
+    if close:
+        headers.append(("Connection", "close"))
+    return [h11.Response(status_code=status, headers=headers), h11.Data(data=body), h11.EndOfMessage()]
+
+
+def _json(status: int, data: Any, close: bool = False) -> list[h11.Event]:
+    body = json.dumps(data, sort_keys=True, default=str).encode()
+    return _response(status, body, "application/json", close)
+
+
+def _route(metrics: Metrics, status_fn: StatusFn | None, method: bytes, target: bytes) -> list[h11.Event]:
+    path = target.split(b"?", 1)[0]
+    if method != b"GET":
+        return _json(405, {"error": "method not allowed", "allow": "GET"})
+    if path == b"/metrics":
+        return _response(200, metrics.render(), CONTENT_TYPE_LATEST, False)
+    if path == b"/status":
+        if status_fn is None:
+            return _json(404, {"error": "no status"})
+        try:
+            return _json(200, status_fn())
+        except Exception as exc:  # the caller's callable: report, never crash the server
+            log.exception("status callable failed")
+            return _json(500, {"error": f"status failed: {type(exc).__name__}"})
+    return _json(404, {"error": "not found", "paths": ["/metrics", "/status"]})
+
+
+async def _send(stream: trio.SocketStream, conn: h11.Connection, events: list[h11.Event]) -> None:
+    for ev in events:
+        data = conn.send(ev)
+        if data:
+            await stream.send_all(data)
+
+
+async def _next_event(stream: trio.SocketStream, conn: h11.Connection) -> Any:
+    while True:
+        ev = conn.next_event()
+        if ev is h11.NEED_DATA:
+            conn.receive_data(await stream.receive_some(RECV_BYTES))
+            continue
+        return ev
+
+
+async def _serve_connection(
+    stream: trio.SocketStream,
+    metrics: Metrics,
+    status_fn: StatusFn | None,
+    max_head_bytes: int,
+    timeout: float,
+) -> None:
+    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=max_head_bytes)
+    try:
+        with trio.move_on_after(timeout):
+            for _ in range(MAX_REQUESTS_PER_CONNECTION):
+                try:
+                    ev = await _next_event(stream, conn)
+                    if not isinstance(ev, h11.Request):
+                        return  # ConnectionClosed, or a peer that went quiet between requests
+                    body = 0
+                    while True:
+                        part = await _next_event(stream, conn)
+                        if isinstance(part, h11.Data):
+                            body += len(part.data)
+                            if body > MAX_BODY_BYTES:
+                                await _send(stream, conn, _json(413, {"error": "request body too large"}, True))
+                                return
+                        elif isinstance(part, h11.EndOfMessage):
+                            break
+                        else:
+                            return
+                    await _send(stream, conn, _route(metrics, status_fn, ev.method, ev.target))
+                except h11.RemoteProtocolError as exc:
+                    if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                        status = exc.error_status_hint
+                        await _send(stream, conn, _json(status, {"error": "bad request"}, True))
+                    return
+                if conn.our_state is h11.MUST_CLOSE or conn.their_state is not h11.DONE:
+                    return
+                conn.start_next_cycle()
+    except (trio.BrokenResourceError, trio.ClosedResourceError, h11.LocalProtocolError, OSError):
+        pass
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+async def _accept_loop(
+    listener: trio.SocketListener,
+    nursery: trio.Nursery,
+    slots: _Slots,
+    metrics: Metrics,
+    status_fn: StatusFn | None,
+    max_head_bytes: int,
+    timeout: float,
+) -> None:
+    async def handle(stream: trio.SocketStream) -> None:
+        try:
+            await _serve_connection(stream, metrics, status_fn, max_head_bytes, timeout)
+        finally:
+            slots.used -= 1
+
+    async def refuse(stream: trio.SocketStream) -> None:
+        # Over the cap: a short 503, bounded by a short deadline, then close.
+        try:
+            with trio.move_on_after(1.0):
+                body = b'{"error": "too many connections"}'
+                head = (
+                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                    b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+                )
+                await stream.send_all(head + body)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    refusing = 0
+    while True:
+        try:
+            stream = await listener.accept()
+        except OSError as exc:  # e.g. out of file descriptors: back off instead of spinning
+            log.warning("metrics server accept failed: %s", exc)
+            await trio.sleep(0.1)
+            continue
+        if slots.used >= slots.limit:
+            if refusing >= slots.limit:  # even the refusals are bounded
+                await trio.aclose_forcefully(stream)
+                continue
+            refusing += 1
+
+            async def refuse_and_count(s: trio.SocketStream = stream) -> None:
+                nonlocal refusing
+                try:
+                    await refuse(s)
+                finally:
+                    refusing -= 1
+
+            nursery.start_soon(refuse_and_count)
+            continue
+        slots.used += 1
+        nursery.start_soon(handle, stream)
+
+
+async def serve_http(
+    metrics: Metrics,
+    host: str,
+    port: int,
+    status_fn: StatusFn | None = None,
+    *,
+    max_connections: int = MAX_CONNECTIONS,
+    max_head_bytes: int = MAX_HEAD_BYTES,
+    timeout: float = CONNECTION_TIMEOUT,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve `GET /metrics` and `GET /status` on `host:port` until cancelled.
+
+    `port` 0 picks a free port; the bound port is reported with `task_status.started(port)`, so
+    `port = await nursery.start(serve_http, metrics, "127.0.0.1", 0, status_fn)`. `status_fn` is a
+    plain (sync) callable returning a JSON-able dict; its failures become 500 answers. Each
+    connection lives at most `timeout` seconds; at most `max_connections` are served at once (more
+    get a 503 and are closed); a request head over `max_head_bytes` gets a 431/400 and is closed.
+    """
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    if port == 0:  # one listener per address family would get different free ports: keep the first
+        for extra in listeners[1:]:
+            await trio.aclose_forcefully(extra)
+        listeners = listeners[:1]
+    bound = int(listeners[0].socket.getsockname()[1])
+    slots = _Slots(max_connections)
+    try:
+        async with trio.open_nursery() as nursery:
+            for listener in listeners:
+                nursery.start_soon(_accept_loop, listener, nursery, slots, metrics, status_fn, max_head_bytes, timeout)
+            task_status.started(bound)
+    finally:
+        for listener in listeners:
+            await trio.aclose_forcefully(listener)

@@ -1,0 +1,168 @@
+"""Durable state of a daemon: one sqlite file per role, written so that `kill -9` loses nothing.
+
+Every write is its own committed transaction in WAL mode with ``synchronous=FULL``: once a method
+returns, the change survives a crash of the process (and of the machine). The daemons call these
+methods from trio tasks directly; each is a few hundred microseconds, far below anything that would
+need a thread.
+
+`SqliteTxJournal` is the `TxJournal` of `node.chain.tx.TxSender`: the signed bytes of every
+transaction are committed *before* they are broadcast, so a restarted daemon first waits for what it
+already sent (re-broadcasting the same bytes) and only then decides what is left to do. That is what
+makes "no duplicate transaction" hold across crashes.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .chain.errors import ChainError
+from .chain.tx import Receipt, TxSender
+
+log = logging.getLogger(__name__)
+
+_JOURNAL_SCHEMA = """
+CREATE TABLE IF NOT EXISTS txs (
+    hash TEXT PRIMARY KEY,
+    nonce INTEGER NOT NULL,
+    raw TEXT NOT NULL,
+    label TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'sent',      -- sent | mined | failed
+    block INTEGER,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS txs_status ON txs(status);
+CREATE TABLE IF NOT EXISTS kv (k TEXT PRIMARY KEY, v TEXT NOT NULL);
+"""
+
+
+class StoreError(RuntimeError):
+    """The state file cannot be opened or written (disk full, permissions, corruption)."""
+
+
+class Store:
+    """A sqlite database with the daemon's tables (`schema`), the transaction journal and a key-value table."""
+
+    def __init__(self, path: str | Path, schema: str = "") -> None:
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(str(self.path), isolation_level=None, timeout=30.0)
+            self.db.row_factory = sqlite3.Row
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=FULL")
+            self.db.executescript(_JOURNAL_SCHEMA + schema)
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"cannot open state file {self.path}: {exc}") from exc
+
+    def close(self) -> None:
+        self.db.close()
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one statement in its own committed transaction; returns the number of changed rows."""
+        try:
+            cur = self.db.execute(sql, tuple(params))
+        except sqlite3.OperationalError as exc:
+            raise StoreError(f"writing {self.path} failed: {exc} (is the disk full?)") from exc
+        return cur.rowcount
+
+    def execute_many(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> None:
+        """Several statements as one atomic transaction."""
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                for sql, params in statements:
+                    self.db.execute(sql, tuple(params))
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            raise StoreError(f"writing {self.path} failed: {exc} (is the disk full?)") from exc
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        return list(self.db.execute(sql, tuple(params)).fetchall())
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
+        return self.db.execute(sql, tuple(params)).fetchone()
+
+    def scalar(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        row = self.db.execute(sql, tuple(params)).fetchone()
+        return None if row is None else row[0]
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        v = self.scalar("SELECT v FROM kv WHERE k = ?", (key,))
+        return default if v is None else str(v)
+
+    def put(self, key: str, value: str) -> None:
+        self.execute("INSERT INTO kv(k, v) VALUES(?, ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v", (key, value))
+
+    @property
+    def journal(self) -> SqliteTxJournal:
+        return SqliteTxJournal(self)
+
+
+@dataclass(frozen=True)
+class JournaledTx:
+    hash: str
+    nonce: int
+    raw: str
+    label: str
+    status: str
+    block: int | None
+
+
+class SqliteTxJournal:
+    """`TxJournal` on a `Store`: signed bytes committed before broadcast, outcome after mining."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def signed(self, tx_hash: str, nonce: int, raw: str, label: str) -> None:
+        self.store.execute(
+            "INSERT OR IGNORE INTO txs(hash, nonce, raw, label, created) VALUES(?, ?, ?, ?, ?)",
+            (tx_hash, nonce, raw, label, time.time()),
+        )
+
+    def mined(self, tx_hash: str, block_number: int, status: int) -> None:
+        self.store.execute(
+            "UPDATE txs SET status = ?, block = ? WHERE hash = ?",
+            ("mined" if status == 1 else "failed", block_number, tx_hash),
+        )
+
+    def unconfirmed(self) -> list[JournaledTx]:
+        rows = self.store.query("SELECT * FROM txs WHERE status = 'sent' ORDER BY nonce")
+        return [JournaledTx(r["hash"], r["nonce"], r["raw"], r["label"], r["status"], r["block"]) for r in rows]
+
+    def all(self) -> list[JournaledTx]:
+        rows = self.store.query("SELECT * FROM txs ORDER BY nonce, created")
+        return [JournaledTx(r["hash"], r["nonce"], r["raw"], r["label"], r["status"], r["block"]) for r in rows]
+
+    def counts(self) -> dict[str, int]:
+        return {r[0]: int(r[1]) for r in self.store.query("SELECT status, COUNT(*) FROM txs GROUP BY status")}
+
+
+async def settle_journal(journal: SqliteTxJournal, sender: TxSender) -> list[Receipt]:
+    """Wait for every journaled transaction that has no known outcome (re-broadcasting its bytes).
+
+    A daemon calls this at start, before sending anything new, so that a transaction signed just
+    before a crash is either mined or known dropped before the daemon looks at chain state again.
+    A transaction whose nonce another one took can never be mined; it is marked failed."""
+    out: list[Receipt] = []
+    for tx in journal.unconfirmed():
+        log.info("waiting for %s sent before a restart: %s", tx.label, tx.hash)
+        try:
+            out.append(await sender.wait(tx.hash, tx.raw, tx.label))
+        except ChainError as exc:
+            chain_nonce = int(await sender.rpc.request("eth_getTransactionCount", [sender.address, "latest"]), 16)
+            if chain_nonce > tx.nonce and await sender.rpc.request("eth_getTransactionByHash", [tx.hash]) is None:
+                log.warning("%s (%s) was replaced by another transaction with nonce %d", tx.label, tx.hash, tx.nonce)
+                journal.store.execute("UPDATE txs SET status = 'failed' WHERE hash = ?", (tx.hash,))
+                continue
+            raise ChainError(f"{tx.label} sent before the restart is still not mined: {exc}", exc.hint) from exc
+    return out

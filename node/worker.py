@@ -1,0 +1,476 @@
+"""The worker daemon (`intellect-node join --pool ID`): a GPU (or CPU) becomes a verified, paid worker.
+
+Start-up, each step idempotent (it reads chain state first, so a restart redoes nothing): register the
+provider and stake the pool's minimum (after confirmation unless `--yes`), bind the node key, ask the
+coordinator for an invite over p2p and join the pool. Then the loop: pull a task, generate with the
+vLLM engine, score, prove with TOPLOC, write the rollout file to disk and to sqlite, upload it, submit
+it, announce it on gossip. Alongside: heartbeats on gossip, and claims of every final reward.
+
+Crash safety: a rollout is on disk and in the `rollouts` table before it is uploaded; on restart
+every rollout not yet answered by the coordinator is uploaded and submitted again (the coordinator
+treats a repeat as a duplicate). Transactions go through the durable journal.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+from eth_account.signers.local import LocalAccount
+
+from . import ops, protocol
+from .chain import ChainClient, ChainError, Deployment
+from .chain.errors import RpcUnavailable
+from .chain.messages import tokens
+from .chain.signing import Invite
+from .daemon import ModelTools, connect_chain, coordinator_addr, count, model_tools, parse_bootstrap, retry_rpc
+from .p2p.blobs import upload_blob
+from .p2p.host import P2PError
+from .p2p.membership import ChainMembership
+from .p2p.network import PoolNetwork
+from .rollout.file import RolloutFile, RolloutHeader, work_key
+from .store import Store, settle_journal
+from .tasks.math import get_env
+
+log = logging.getLogger("intellect.worker")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS rollouts (
+    work_key TEXT PRIMARY KEY,
+    task_id TEXT NOT NULL,
+    path TEXT NOT NULL,
+    units INTEGER NOT NULL,
+    mean_reward REAL NOT NULL,
+    status TEXT NOT NULL DEFAULT 'built',   -- built | accepted | rejected
+    detail TEXT,
+    created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS claims (tx TEXT PRIMARY KEY, keys INTEGER NOT NULL, reward TEXT NOT NULL, at REAL NOT NULL);
+"""
+
+CHEATS = ("model", "temperature")
+
+
+@dataclass
+class WorkerConfig:
+    pool_id: int
+    data_dir: Path
+    rpc_url: str
+    deployment: Deployment
+    listen: str = "/ip4/127.0.0.1/tcp/0"
+    bootstrap: list[str] = field(default_factory=list)
+    yes: bool = False
+    steps: int = 0
+    stake: int | None = None
+    compute_units: int = 1
+    cheat: str | None = None
+    heartbeat_every: float = 5.0
+    claim_every: float = 5.0
+    connect_wait: float = 120.0
+    rpc_wait: float = 60.0
+
+
+class Declined(Exception):
+    """The user answered no to a confirmation."""
+
+
+class Worker:
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        provider: LocalAccount,
+        node: LocalAccount,
+        *,
+        confirm: Callable[[str], bool] | None = None,
+        metrics: Any = None,
+    ) -> None:
+        if cfg.cheat is not None and cfg.cheat not in CHEATS:
+            raise ValueError(f"unknown cheat {cfg.cheat!r}; one of {', '.join(CHEATS)}")
+        self.cfg = cfg
+        self.provider = provider
+        self.node = node
+        self.confirm = confirm
+        self.metrics = metrics
+        self.store = Store(cfg.data_dir / "worker.db", SCHEMA)
+        (cfg.data_dir / "rollouts").mkdir(parents=True, exist_ok=True)
+        self.chain: ChainClient | None = None
+        self.net: PoolNetwork | None = None
+        self.coordinator_peer: str | None = None
+        self.engine: Any = None
+        self.engine_model: str | None = None
+        self.tools: ModelTools | None = None
+        self.phase = "starting"
+        self.claimed_tokens = int(self.store.get("claimed_tokens", "0") or 0)
+        self.stake_now = 0
+        self.last_error = ""
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> dict[str, Any]:
+        counts = {r[0]: int(r[1]) for r in self.store.query("SELECT status, COUNT(*) FROM rollouts GROUP BY status")}
+        units = int(self.store.scalar("SELECT SUM(units) FROM rollouts WHERE status = 'accepted'") or 0)
+        return {
+            "role": "worker",
+            "pool": self.cfg.pool_id,
+            "node": self.node.address,
+            "provider": self.provider.address,
+            "phase": self.phase,
+            "cheat": self.cfg.cheat,
+            "rollouts": counts,
+            "accepted": counts.get("accepted", 0),
+            "steps": self.cfg.steps,
+            "units_accepted": units,
+            "claimed_tokens": self.claimed_tokens,
+            "stake": self.stake_now,
+            "peers": len(self.net.node.peers) if self.net else 0,
+            "txs": self.store.journal.counts(),
+            "last_error": self.last_error,
+        }
+
+    def _count(self, name: str, value: float = 1.0, **labels: str) -> None:
+        count(self.metrics, name, value, **labels)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        cfg = self.cfg
+        self.phase = "connecting to the chain"
+        self.chain = await connect_chain(
+            cfg.rpc_url, cfg.deployment, self.provider, journal=self.store.journal, wait=cfg.rpc_wait, what="worker"
+        )
+        try:
+            await settle_journal(self.store.journal, self.chain.sender)  # type: ignore[arg-type]
+            info = await ops.pool_info(self.chain, cfg.pool_id)
+            if info["statusName"] != "active":
+                raise ChainError(
+                    f"pool {cfg.pool_id} is {info['statusName']}, not active",
+                    "wait for the pool owner to start it, or pick another pool",
+                )
+            await self.ensure_stake(info)
+            await self.ensure_node_bound()
+            bootstrap = list(cfg.bootstrap) or parse_bootstrap(str(info.get("bootstrap", "")))
+            self.coordinator_peer = coordinator_addr(bootstrap, str(info["coordinator"]))
+            membership = ChainMembership(self.chain, cfg.pool_id, interval=2.0)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(membership.run)
+                self.net = PoolNetwork(
+                    private_key=bytes(self.node.key),
+                    pool=cfg.pool_id,
+                    membership=membership.snapshot,
+                    listen=cfg.listen,
+                    bootstrap=bootstrap,
+                )
+                async with self.net:
+                    await self.connect_coordinator()
+                    await self.ensure_member()
+                    task_status.started()
+                    nursery.start_soon(self._heartbeat_loop)
+                    nursery.start_soon(self._claim_loop)
+                    await self.resume()
+                    await self.work_loop()
+                    self.phase = "done: heartbeating and claiming"
+                    log.info("finished %d step(s); still heartbeating and claiming rewards", cfg.steps)
+                    await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                if self.engine is not None:
+                    engine, self.engine = self.engine, None
+                    await trio.to_thread.run_sync(engine.close)
+                await self.chain.aclose()
+                self.store.close()
+
+    # ------------------------------------------------------------------ set-up
+
+    def _ask(self, question: str) -> None:
+        if self.cfg.yes:
+            log.info("%s: yes (--yes)", question)
+            return
+        if self.confirm is None or not self.confirm(question):
+            raise Declined(question)
+
+    async def ensure_stake(self, info: dict[str, Any]) -> None:
+        assert self.chain is not None
+        c = self.chain
+        self.phase = "staking"
+        me = dict(await c.call("ProviderRegistry", "getProvider", self.provider.address))
+        min_provider = int(await c.call("ProviderRegistry", "minProviderStake"))
+        need = max(int(info["minStake"]), min_provider, 1)
+        if self.cfg.stake is not None:
+            need = max(need, self.cfg.stake)
+        if not me["registered"]:
+            self._ask(f"register provider {self.provider.address} with a stake of {tokens(need)}")
+            await ops.register_provider(c, need)
+            self._count("chain_tx_sent", kind="registerProvider")
+            log.info("registered provider %s with %s", self.provider.address, tokens(need))
+        elif int(me["staked"]) < need:
+            more = need - int(me["staked"])
+            self._ask(f"add {tokens(more)} of stake to reach pool {self.cfg.pool_id}'s minimum of {tokens(need)}")
+            await ops.stake(c, more)
+            self._count("chain_tx_sent", kind="stake")
+        required = int(await c.call("ProviderRegistry", "requiredStake", self.provider.address))
+        node_info = dict(await c.call("ProviderRegistry", "getNode", self.node.address))
+        if int(node_info["provider"], 16) == 0:
+            per_unit = int(await c.call("ProviderRegistry", "stakePerComputeUnit"))
+            required += per_unit * self.cfg.compute_units
+        staked = int(await c.call("ProviderRegistry", "stakeOf", self.provider.address))
+        if staked < required:
+            self._ask(f"add {tokens(required - staked)} of stake for this node's compute units")
+            await ops.stake(c, required - staked)
+        self.stake_now = int(await c.call("ProviderRegistry", "stakeOf", self.provider.address))
+
+    async def ensure_node_bound(self) -> None:
+        assert self.chain is not None
+        c = self.chain
+        owner = await c.call("ProviderRegistry", "providerOf", self.node.address)
+        if int(owner, 16) != 0:
+            if owner.lower() != self.provider.address.lower():
+                raise ChainError(
+                    f"node {self.node.address} is bound to provider {owner}, not {self.provider.address}",
+                    "use that provider's key, or another node key",
+                )
+            return
+        self.phase = "binding the node"
+        sig = ops.node_signature(c, self.node, self.provider.address)
+        await ops.add_node(c, self.node.address, self.cfg.compute_units, sig)
+        self._count("chain_tx_sent", kind="addNode")
+        log.info("bound node %s to provider %s", self.node.address, self.provider.address)
+
+    async def connect_coordinator(self) -> None:
+        assert self.net is not None and self.coordinator_peer is not None
+        self.phase = "connecting to the coordinator"
+        delay = 1.0
+        deadline = trio.current_time() + self.cfg.connect_wait
+        while True:
+            try:
+                await self.net.connect(self.coordinator_peer)
+                return
+            except P2PError as exc:
+                if trio.current_time() + delay > deadline:
+                    raise ChainError(
+                        f"the coordinator at {self.coordinator_peer} is unreachable "
+                        f"(gave up after {self.cfg.connect_wait:.0f} s): {exc}",
+                        "check that the coordinator runs and that the pool's bootstrap address is current",
+                    ) from None
+                log.warning("coordinator unreachable (%s); retrying in %.0f s", exc, delay)
+                await trio.sleep(delay)
+                delay = min(delay * 2, 15.0)
+
+    async def _request(self, proto: str, body: dict[str, Any], what: str, timeout: float = 30.0) -> dict[str, Any]:
+        assert self.net is not None and self.coordinator_peer is not None
+        delay = 1.0
+        deadline = trio.current_time() + self.cfg.connect_wait
+        while True:
+            try:
+                data = await self.net.node.request(self.coordinator_peer, proto, protocol.pack(body), timeout=timeout)
+                return protocol.reply_body(data, what)
+            except P2PError as exc:
+                if trio.current_time() + delay > deadline:
+                    raise ChainError(f"{what}: the coordinator did not answer: {exc}", "is it running?") from None
+                log.warning("%s failed (%s); retrying in %.0f s", what, exc, delay)
+                await trio.sleep(delay)
+                delay = min(delay * 2, 15.0)
+
+    async def ensure_member(self) -> None:
+        assert self.chain is not None
+        c, pool = self.chain, self.cfg.pool_id
+        m = await c.call("PoolManager", "membershipOf", self.node.address)
+        if int(m["poolId"]) == pool:
+            return
+        if int(m["poolId"]) != 0:
+            raise ChainError(f"node {self.node.address} is already in pool {m['poolId']}", "leave it first")
+        self.phase = "joining the pool"
+        reply = await self._request(protocol.INVITE_PROTOCOL, {}, "invite request")
+        if reply.get("member"):
+            return
+        inv = reply.get("invite")
+        if not isinstance(inv, dict):
+            raise ChainError("the coordinator sent a malformed invite")
+        invite = Invite(
+            pool_id=pool,
+            node=self.node.address,
+            nonce=int(inv["nonce"]),
+            expiry=int(inv["expiry"]),
+            chain_id=c.deployment.chain_id,
+            pool_manager=c.contract("PoolManager"),
+            signature=str(inv["signature"]),
+        )
+        info = await ops.pool_info(c, pool)
+        if invite.signer().lower() != str(info["coordinator"]).lower():
+            raise ChainError("the invite is not signed by the pool's coordinator", "ask the right coordinator")
+        await ops.join_pool(c, invite, pool)
+        self._count("chain_tx_sent", kind="joinPool")
+        log.info("node %s joined pool %d", self.node.address, pool)
+
+    # ------------------------------------------------------------------ work
+
+    def accepted_count(self) -> int:
+        return int(self.store.scalar("SELECT COUNT(*) FROM rollouts WHERE status = 'accepted'") or 0)
+
+    async def resume(self) -> None:
+        rows = self.store.query("SELECT * FROM rollouts WHERE status = 'built' ORDER BY created")
+        for r in rows:
+            log.info("re-submitting rollout %s built before a restart", r["work_key"][:12])
+            await self.submit(r["work_key"], r["task_id"], Path(r["path"]).read_bytes())
+
+    async def work_loop(self) -> None:
+        while self.cfg.steps <= 0 or self.accepted_count() < self.cfg.steps:
+            self.phase = "requesting a task"
+            reply = await self._request(protocol.TASK_PROTOCOL, {}, "task request")
+            task = protocol.Task.from_wire(reply.get("task"))
+            self.phase = f"generating task {task.task_id}"
+            data = await self.generate(task)
+            key = work_key(data)
+            path = self.cfg.data_dir / "rollouts" / f"{key[2:]}.parquet"
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(data)
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+            tmp.replace(path)
+            f = RolloutFile.from_bytes(data)
+            units = f.units
+            mean = sum(s.reward for s in f.samples) / len(f.samples)
+            self.store.execute(
+                "INSERT OR IGNORE INTO rollouts(work_key, task_id, path, units, mean_reward, created) "
+                "VALUES(?, ?, ?, ?, ?, ?)",
+                (key, task.task_id, str(path), units, mean, time.time()),
+            )
+            self._count("rollouts_generated")
+            self._count("tokens_generated", units)
+            self._count("proofs_built", sum(len(s.proofs) for s in f.samples))
+            await self.submit(key, task.task_id, data)
+
+    async def submit(self, key: str, task_id: str, data: bytes) -> None:
+        assert self.net is not None and self.coordinator_peer is not None
+        self.phase = f"uploading {key[:12]}"
+        delay = 1.0
+        for attempt in range(8):
+            try:
+                await upload_blob(self.net.node, self.coordinator_peer, data)
+                break
+            except P2PError as exc:
+                if attempt == 7:
+                    raise ChainError(f"upload of rollout {key} failed: {exc}", "the coordinator may be down") from None
+                log.warning("upload of %s failed (%s); retrying in %.0f s", key[:12], exc, delay)
+                await trio.sleep(delay)
+                delay = min(delay * 2, 15.0)
+        self._count("rollouts_uploaded")
+        try:
+            reply = await self._request(
+                protocol.SUBMIT_PROTOCOL, {"work_key": key, "task_id": task_id}, "submission", timeout=60.0
+            )
+        except protocol.ProtocolError as exc:
+            self.store.execute(
+                "UPDATE rollouts SET status = 'rejected', detail = ? WHERE work_key = ?", (str(exc), key)
+            )
+            self._count("rollouts_rejected", reason="coordinator")
+            log.warning("rollout %s rejected: %s", key[:12], exc)
+            return
+        self.store.execute("UPDATE rollouts SET status = 'accepted' WHERE work_key = ?", (key,))
+        self._count("rollouts_accepted")
+        log.info("rollout %s %s (%s units)", key[:12], reply.get("status"), reply.get("units", "?"))
+        try:
+            await self.net.publish("rollout", protocol.pack({"work_key": key, "task_id": task_id}))
+        except Exception as exc:
+            log.debug("announcement failed: %r", exc)
+
+    def _load_engine(self, model: str) -> None:
+        from .inference.engine import VllmEngine
+
+        if self.engine is not None and self.engine_model == model:
+            return
+        if self.engine is not None:
+            self.engine.close()
+        tools = model_tools(model)
+        self.engine = VllmEngine(tools.path, seed=0)
+        self.engine_model = model
+        self.tools = tools
+
+    async def generate(self, task: protocol.Task) -> bytes:
+        from .inference.engine import SamplingSpec
+        from .rollout.build import build_rollout_file
+
+        model = task.model
+        if self.cfg.cheat == "model":
+            model = "tiny:1" if task.model == "tiny" else "tiny"
+        if self.engine is None or self.engine_model != model:
+            self.phase = f"loading model {model}"
+            await trio.to_thread.run_sync(self._load_engine, model)
+        assert self.tools is not None
+        tools, env = self.tools, get_env(task.env)
+        problems = env.problems(task.seed, task.prompts)
+        s = task.sampling
+        temperature = float(s["temperature"]) * (2.0 if self.cfg.cheat == "temperature" else 1.0)
+        spec = SamplingSpec(
+            temperature=temperature,
+            top_p=float(s.get("top_p", 1.0)),
+            max_tokens=int(s["max_tokens"]),
+            seed=task.seed % (2**31),
+            stop_token_ids=tuple(sorted(tools.stop_ids)),
+        )
+        header = RolloutHeader(
+            pool_id=task.pool_id,
+            node=self.node.address,
+            policy_version=task.policy_version,
+            env=task.env,
+            task_seed=task.seed,
+            sampling=dict(s),
+            model=task.model,
+            extra={"task_id": task.task_id},
+        )
+
+        def work() -> bytes:
+            prompts = [tools.encode(p.prompt) for p in problems]
+            groups = self.engine.generate(prompts, spec, n=task.group_size)
+            return build_rollout_file(header, problems, groups, env=env, decode=tools.decode).to_bytes()
+
+        return await trio.to_thread.run_sync(work)
+
+    # ------------------------------------------------------------------ background
+
+    async def _heartbeat_loop(self) -> None:
+        assert self.net is not None
+        while True:
+            try:
+                await self.net.publish(
+                    "heartbeat", protocol.pack({"accepted": self.accepted_count(), "phase": self.phase})
+                )
+                self._count("heartbeats")
+            except Exception as exc:
+                log.debug("heartbeat failed: %r", exc)
+            await trio.sleep(self.cfg.heartbeat_every)
+
+    async def _claim_loop(self) -> None:
+        assert self.chain is not None
+        while True:
+            await trio.sleep(self.cfg.claim_every)
+            try:
+                await self.claim_final()
+            except (ChainError, RpcUnavailable) as exc:
+                self.last_error = str(exc)
+                log.warning("claiming failed (will retry): %s", exc)
+
+    async def claim_final(self) -> int:
+        assert self.chain is not None
+        c = self.chain
+        keys = await retry_rpc(lambda: ops.claimable_keys(c, self.cfg.pool_id, self.provider.address), "claim scan")
+        if not keys:
+            self.stake_now = int(await c.call("ProviderRegistry", "stakeOf", self.provider.address))
+            return 0
+        reward, receipts = await ops.claim(c, self.cfg.pool_id, keys)
+        self.claimed_tokens += reward
+        self.store.put("claimed_tokens", str(self.claimed_tokens))
+        for r in receipts:
+            self.store.execute(
+                "INSERT OR IGNORE INTO claims(tx, keys, reward, at) VALUES(?, ?, ?, ?)",
+                (r.tx_hash, len(keys), str(reward), time.time()),
+            )
+        self._count("claims", len(keys))
+        self._count("rewards_claimed_tokens", reward / 10**18)
+        log.info("claimed %s for %d final work record(s)", tokens(reward), len(keys))
+        return reward

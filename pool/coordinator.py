@@ -1,0 +1,441 @@
+"""The pool owner's coordinator daemon (`intellect-node coordinator --pool ID`).
+
+It signs invites for nodes that qualify, hands out tasks (prompts drawn from a seed the worker cannot
+pick), accepts rollout uploads after cheap checks (`node.protocol.check_submission`), records accepted
+work on chain in batches, publishes the policy version, and ejects members that stop heartbeating.
+
+Crash safety: an upload is answered "accepted" only after its row is committed to sqlite, and the
+rollout bytes are already in the content-addressed blob store by then; batches go through the
+durable transaction journal, and before each batch the chain is asked which keys are already
+recorded, so a restart neither loses an accepted rollout nor records one twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+from eth_account.signers.local import LocalAccount
+
+from node import ops, protocol
+from node.chain import ChainClient, ChainError, Deployment
+from node.chain.errors import RpcUnavailable
+from node.daemon import ModelTools, connect_chain, count, model_tools, retry_rpc
+from node.p2p.blobs import BlobStore, serve_blobs
+from node.p2p.envelope import Envelope
+from node.p2p.membership import ChainMembership
+from node.p2p.network import PoolNetwork
+from node.rollout.file import RolloutFile, RolloutFormatError
+from node.store import Store, settle_journal
+from node.tasks.math import get_env
+from node.toploc import proof_commitment
+
+log = logging.getLogger("intellect.coordinator")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id TEXT PRIMARY KEY,
+    node TEXT NOT NULL,
+    body TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'issued',     -- issued | submitted
+    work_key TEXT,
+    expires_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS tasks_node ON tasks(node, status);
+CREATE TABLE IF NOT EXISTS rollouts (
+    work_key TEXT PRIMARY KEY,
+    task_id TEXT NOT NULL,
+    node TEXT NOT NULL,
+    units INTEGER NOT NULL,
+    policy_version INTEGER NOT NULL,
+    proof_commitment TEXT NOT NULL,
+    mean_reward REAL NOT NULL,
+    accepted_at REAL NOT NULL,
+    status TEXT NOT NULL DEFAULT 'accepted',   -- accepted | recorded | dropped
+    tx TEXT,
+    note TEXT
+);
+CREATE INDEX IF NOT EXISTS rollouts_status ON rollouts(status);
+CREATE TABLE IF NOT EXISTS rejections (
+    at REAL NOT NULL, node TEXT NOT NULL, reason TEXT NOT NULL, detail TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS invites (
+    node TEXT PRIMARY KEY, nonce TEXT NOT NULL, expiry INTEGER NOT NULL, signature TEXT NOT NULL
+);
+"""
+
+
+@dataclass
+class CoordinatorConfig:
+    pool_id: int
+    data_dir: Path
+    rpc_url: str
+    deployment: Deployment
+    listen: str = "/ip4/127.0.0.1/tcp/0"
+    model: str = "tiny"
+    env: str = "math"
+    prompts: int = 4
+    group_size: int = 4
+    sampling: dict[str, Any] = field(default_factory=lambda: {"temperature": 1.0, "top_p": 1.0, "max_tokens": 64})
+    task_ttl: float = 900.0
+    invite_ttl: int = 3600
+    record_every: float = 2.0
+    batch_size: int = 256
+    eject_after: float = 600.0
+    heartbeat_grace: float = 120.0
+    async_level: int = 2
+    policy_version: int = 0
+    max_rollout_bytes: int = 16 * 1024 * 1024
+    rpc_wait: float = 60.0
+
+
+class Coordinator:
+    def __init__(self, cfg: CoordinatorConfig, key: LocalAccount, metrics: Any = None) -> None:
+        self.cfg = cfg
+        self.key = key
+        self.metrics = metrics
+        self.store = Store(cfg.data_dir / "coordinator.db", SCHEMA)
+        self.blobs = BlobStore(cfg.data_dir / "blobs", cfg.max_rollout_bytes)
+        self.env = get_env(cfg.env)
+        self.tools: ModelTools | None = None
+        self.chain: ChainClient | None = None
+        self.membership: ChainMembership | None = None
+        self.net: PoolNetwork | None = None
+        self.rejected: Counter[str] = Counter()
+        self.heartbeats: dict[str, float] = {}
+        self.started_at = time.time()
+        self.ready = trio.Event()
+        self.last_error = ""
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> dict[str, Any]:
+        counts = {r[0]: int(r[1]) for r in self.store.query("SELECT status, COUNT(*) FROM rollouts GROUP BY status")}
+        per_node: dict[str, dict[str, int]] = {}
+        for r in self.store.query("SELECT node, status, COUNT(*), SUM(units) FROM rollouts GROUP BY node, status"):
+            d = per_node.setdefault(r[0], {})
+            d[r[1]] = int(r[2])
+            d[f"{r[1]}_units"] = int(r[3] or 0)
+        rewards = self.store.query("SELECT AVG(mean_reward) FROM rollouts WHERE status IN ('accepted','recorded')")
+        return {
+            "role": "coordinator",
+            "pool": self.cfg.pool_id,
+            "address": self.key.address,
+            "ready": self.ready.is_set(),
+            "listen": self.net.listen_addrs if self.net else [],
+            "peers": len(self.net.node.peers) if self.net else 0,
+            "members": sorted(self.membership.snapshot().members) if self.membership and self.membership.loaded else [],
+            "tasks_issued": int(self.store.scalar("SELECT COUNT(*) FROM tasks") or 0),
+            "rollouts": counts,
+            "per_node": per_node,
+            "rejected": dict(self.rejected),
+            "mean_reward": rewards[0][0] if rewards and rewards[0][0] is not None else None,
+            "policy_version": self.cfg.policy_version,
+            "txs": self.store.journal.counts(),
+            "gossip_rejected": {str(k): v for k, v in self.net.rejected.items()} if self.net else {},
+            "last_error": self.last_error,
+        }
+
+    def _count(self, name: str, value: float = 1.0, **labels: str) -> None:
+        count(self.metrics, name, value, **labels)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+        cfg = self.cfg
+        self.tools = await trio.to_thread.run_sync(model_tools, cfg.model)
+        self.chain = await connect_chain(
+            cfg.rpc_url, cfg.deployment, self.key, journal=self.store.journal, wait=cfg.rpc_wait, what="coordinator"
+        )
+        try:
+            settled = await settle_journal(self.store.journal, self.chain.sender)  # type: ignore[arg-type]
+            if settled:
+                log.info("settled %d transaction(s) sent before a restart", len(settled))
+            info = await ops.pool_info(self.chain, cfg.pool_id)
+            if info["coordinator"].lower() != self.key.address.lower():
+                raise ChainError(
+                    f"{self.key.address} is not the coordinator of pool {cfg.pool_id} (that is {info['coordinator']})",
+                    "run the coordinator with the pool's coordinator key",
+                )
+            if info["statusName"] != "active":
+                raise ChainError(
+                    f"pool {cfg.pool_id} is {info['statusName']}, not active",
+                    "start it with `intellect-node pool start`",
+                )
+            self.membership = ChainMembership(self.chain, cfg.pool_id, interval=1.0)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.membership.run)
+                self.net = PoolNetwork(
+                    private_key=bytes(self.key.key),
+                    pool=cfg.pool_id,
+                    membership=self.membership.snapshot,
+                    listen=cfg.listen,
+                )
+                async with self.net:
+                    serve_blobs(self.net.node, self.blobs, max_uploads=32)
+                    self.net.node.set_handler(protocol.INVITE_PROTOCOL, self._on_invite)
+                    self.net.node.set_handler(protocol.TASK_PROTOCOL, self._on_task)
+                    self.net.node.set_handler(protocol.SUBMIT_PROTOCOL, self._on_submit, timeout=60.0)
+                    nursery.start_soon(self._record_loop)
+                    nursery.start_soon(self._heartbeat_loop)
+                    nursery.start_soon(self._eject_loop)
+                    nursery.start_soon(self._policy_loop)
+                    log.info("coordinator of pool %d listening on %s", cfg.pool_id, ", ".join(self.net.listen_addrs))
+                    self.ready.set()
+                    task_status.started(self.net.listen_addrs)
+                    await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.chain.aclose()
+                self.store.close()
+
+    # ------------------------------------------------------------------ request handlers
+
+    async def _on_invite(self, request: bytes, sender: str) -> bytes:
+        assert self.chain is not None
+        c, pool = self.chain, self.cfg.pool_id
+        try:
+            membership = await c.call("PoolManager", "membershipOf", sender)
+            if int(membership["poolId"]) == pool:
+                return protocol.ok(member=True)
+            if int(membership["poolId"]) != 0:
+                return protocol.refuse(
+                    f"node {sender} is in pool {membership['poolId']}", "leave that pool first (`node leave`)"
+                )
+            provider = await c.call("ProviderRegistry", "providerOf", sender)
+            if int(provider, 16) == 0:
+                return protocol.refuse(f"node {sender} is not bound to a provider", "bind it with `node add` first")
+            if await c.call("PoolManager", "isBlacklisted", pool, sender):
+                return protocol.refuse(f"node {sender} is blacklisted in pool {pool}")
+            stake = int(await c.call("ProviderRegistry", "stakeOf", provider))
+            need = int((await c.call("PoolManager", "getPool", pool))["minStake"])
+            if stake < need:
+                return protocol.refuse(
+                    f"provider {provider} stakes {stake} base units, pool {pool} needs {need}", "stake more"
+                )
+            now = await c.timestamp()
+            row = self.store.one("SELECT * FROM invites WHERE node = ?", (sender,))
+            if (
+                row is not None
+                and int(row["expiry"]) > now + 60
+                and not await c.call("PoolManager", "isInviteUsed", pool, int(row["nonce"]))
+            ):
+                inv = {"nonce": int(row["nonce"]), "expiry": int(row["expiry"]), "signature": row["signature"]}
+            else:
+                invite = await ops.make_invite(c, self.key, pool, sender, self.cfg.invite_ttl)
+                self.store.execute(
+                    "INSERT INTO invites(node, nonce, expiry, signature) VALUES(?, ?, ?, ?) "
+                    "ON CONFLICT(node) DO UPDATE SET nonce=excluded.nonce, expiry=excluded.expiry, "
+                    "signature=excluded.signature",
+                    (sender, str(invite.nonce), invite.expiry, invite.signature),
+                )
+                inv = {"nonce": invite.nonce, "expiry": invite.expiry, "signature": invite.signature}
+            log.info("invite for node %s to pool %d", sender, pool)
+            return protocol.ok(member=False, invite=inv)
+        except RpcUnavailable:
+            return protocol.refuse("the coordinator cannot reach its chain node right now", "retry in a minute")
+
+    async def _is_member(self, node: str) -> bool:
+        assert self.membership is not None and self.chain is not None
+        if node in self.membership.snapshot().members:
+            return True
+        return bool(await self.chain.call("PoolManager", "isMember", self.cfg.pool_id, node))
+
+    async def _on_task(self, request: bytes, sender: str) -> bytes:
+        cfg = self.cfg
+        try:
+            if not await self._is_member(sender):
+                return protocol.refuse(f"node {sender} is not a member of pool {cfg.pool_id}", "join the pool first")
+        except RpcUnavailable:
+            return protocol.refuse("the coordinator cannot reach its chain node right now", "retry in a minute")
+        now = time.time()
+        row = self.store.one(
+            "SELECT body FROM tasks WHERE node = ? AND status = 'issued' AND expires_at > ? ORDER BY expires_at DESC",
+            (sender, now + 30),
+        )
+        if row is not None:  # the open task again: asking twice never yields a second seed to pick from
+            return protocol.ok(task=protocol.unpack(bytes.fromhex(row["body"]), "task"))
+        task = protocol.Task(
+            task_id="t-" + secrets.token_hex(8),
+            pool_id=cfg.pool_id,
+            node=sender,
+            env=cfg.env,
+            seed=secrets.randbits(62),
+            prompts=cfg.prompts,
+            group_size=cfg.group_size,
+            sampling=dict(cfg.sampling),
+            policy_version=cfg.policy_version,
+            model=cfg.model,
+            issued_at=now,
+            expires_at=now + cfg.task_ttl,
+        )
+        body = protocol.pack(task.to_wire())
+        self.store.execute(
+            "INSERT INTO tasks(task_id, node, body, expires_at) VALUES(?, ?, ?, ?)",
+            (task.task_id, sender, body.hex(), task.expires_at),
+        )
+        self._count("tasks_issued")
+        return protocol.ok(task=task.to_wire())
+
+    def _reject(self, sender: str, reason: str, detail: str) -> bytes:
+        self.rejected[reason] += 1
+        self._count("rollouts_rejected", reason=reason)
+        self.store.execute(
+            "INSERT INTO rejections(at, node, reason, detail) VALUES(?, ?, ?, ?)", (time.time(), sender, reason, detail)
+        )
+        log.info("rejected a rollout from %s: %s (%s)", sender, reason, detail)
+        return protocol.refuse(f"rollout rejected: {reason}: {detail}")
+
+    async def _on_submit(self, request: bytes, sender: str) -> bytes:
+        assert self.tools is not None
+        req = protocol.unpack(request, "submission")
+        key, task_id = req.get("work_key"), req.get("task_id")
+        if not isinstance(key, str) or not isinstance(task_id, str):
+            return protocol.refuse("malformed submission: work_key and task_id are required")
+        done = self.store.one("SELECT status FROM rollouts WHERE work_key = ?", (key,))
+        if done is not None:
+            return protocol.ok(status="duplicate", work_key=key)
+        trow = self.store.one("SELECT * FROM tasks WHERE task_id = ?", (task_id,))
+        if trow is None or trow["node"] != sender:
+            return self._reject(sender, "unknown-task", f"task {task_id} was not issued to {sender}")
+        if trow["status"] != "issued":
+            return self._reject(sender, "task-done", f"task {task_id} already has rollout {trow['work_key']}")
+        data = self.blobs.get(key)
+        if data is None:
+            return protocol.refuse(f"rollout {key} has not been uploaded", "upload it before submitting")
+        try:
+            f = RolloutFile.from_bytes(data, max_bytes=self.cfg.max_rollout_bytes)
+        except RolloutFormatError as exc:
+            return self._reject(sender, "malformed", str(exc))
+        task = protocol.Task.from_wire(protocol.unpack(bytes.fromhex(trow["body"]), "task"))
+        tools = self.tools
+        decision = await trio.to_thread.run_sync(
+            lambda: protocol.check_submission(
+                f,
+                task,
+                sender=sender,
+                now=time.time(),
+                current_policy=self.cfg.policy_version,
+                async_level=self.cfg.async_level,
+                env=self.env,
+                encode_prompt=tools.encode,
+                decode=tools.decode,
+            )
+        )
+        if not decision.accepted:
+            return self._reject(sender, decision.reason, decision.detail)
+        commitment = "0x" + proof_commitment([p for s in f.samples for p in s.proofs]).hex()
+        mean_reward = sum(s.reward for s in f.samples) / len(f.samples)
+        self.store.execute_many(
+            [
+                (
+                    "INSERT INTO rollouts(work_key, task_id, node, units, policy_version, proof_commitment, "
+                    "mean_reward, accepted_at) VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
+                    (key, task_id, sender, f.units, f.header.policy_version, commitment, mean_reward, time.time()),
+                ),
+                ("UPDATE tasks SET status = 'submitted', work_key = ? WHERE task_id = ?", (key, task_id)),
+            ]
+        )
+        self._count("rollouts_accepted")
+        self._count("tokens_generated", f.units)
+        log.info("accepted rollout %s from %s: %d units, mean reward %.3f", key[:12], sender, f.units, mean_reward)
+        return protocol.ok(status="accepted", work_key=key, units=f.units)
+
+    # ------------------------------------------------------------------ loops
+
+    async def _record_loop(self) -> None:
+        while True:
+            await trio.sleep(self.cfg.record_every)
+            try:
+                await self.record_pending()
+                self.last_error = ""
+            except (ChainError, trio.TooSlowError) as exc:
+                self.last_error = str(exc)
+                log.warning("recording work failed (will retry): %s", exc)
+
+    async def record_pending(self) -> int:
+        """Record up to one batch of accepted rollouts; returns how many were recorded now."""
+        assert self.chain is not None
+        c, pool = self.chain, self.cfg.pool_id
+        rows = self.store.query(
+            "SELECT * FROM rollouts WHERE status = 'accepted' ORDER BY accepted_at LIMIT ?", (self.cfg.batch_size,)
+        )
+        if not rows:
+            return 0
+        todo = []
+        for r in rows:
+            rec = await retry_rpc(lambda r=r: ops.record(c, pool, r["work_key"]), "record lookup")
+            if rec["status"] != 0:  # recorded by a batch whose receipt a crash kept us from seeing
+                self.store.execute("UPDATE rollouts SET status = 'recorded' WHERE work_key = ?", (r["work_key"],))
+                continue
+            if not await retry_rpc(lambda r=r: c.call("PoolManager", "isMember", pool, r["node"]), "membership"):
+                self.store.execute(
+                    "UPDATE rollouts SET status = 'dropped', note = 'node left the pool before recording' "
+                    "WHERE work_key = ?",
+                    (r["work_key"],),
+                )
+                continue
+            todo.append(r)
+        if not todo:
+            return 0
+        items = [
+            ops.WorkItem(r["node"], r["work_key"], int(r["units"]), int(r["policy_version"]), r["proof_commitment"])
+            for r in todo
+        ]
+        receipts = await ops.record_work(c, pool, items)
+        tx = receipts[-1].tx_hash
+        self.store.execute_many(
+            [("UPDATE rollouts SET status = 'recorded', tx = ? WHERE work_key = ?", (tx, r["work_key"])) for r in todo]
+        )
+        self._count("work_records_submitted", len(todo))
+        self._count("chain_tx_sent", kind="recordWork")
+        log.info("recorded %d rollouts on chain in %s", len(todo), tx)
+        return len(todo)
+
+    async def _heartbeat_loop(self) -> None:
+        assert self.net is not None
+        async for env in self.net.subscribe("heartbeat"):
+            self._on_heartbeat(env)
+
+    def _on_heartbeat(self, env: Envelope) -> None:
+        self.heartbeats[env.sender] = time.time()
+        self._count("heartbeats")
+
+    async def _eject_loop(self) -> None:
+        assert self.membership is not None and self.chain is not None
+        if self.cfg.eject_after <= 0:
+            return
+        while True:
+            await trio.sleep(min(10.0, self.cfg.eject_after / 4))
+            now = time.time()
+            for node in sorted(self.membership.snapshot().members):
+                last = self.heartbeats.get(node, self.started_at + self.cfg.heartbeat_grace)
+                if now - last <= self.cfg.eject_after:
+                    continue
+                try:
+                    if await self.chain.call("PoolManager", "isMember", self.cfg.pool_id, node):
+                        await self.chain.transact(
+                            "PoolManager", "ejectNode", self.cfg.pool_id, node, what=f"eject {node}"
+                        )
+                        self._count("chain_tx_sent", kind="ejectNode")
+                        log.warning("ejected node %s: no heartbeat for %.0f s", node, now - last)
+                except ChainError as exc:
+                    log.warning("ejecting %s failed: %s", node, exc)
+                self.heartbeats.pop(node, None)
+
+    async def _policy_loop(self) -> None:
+        assert self.net is not None
+        while True:
+            try:
+                await self.net.publish(
+                    "policy", protocol.pack({"version": self.cfg.policy_version, "model": self.cfg.model})
+                )
+            except Exception as exc:  # no peers yet, or shutting down
+                log.debug("policy announcement failed: %r", exc)
+            await trio.sleep(10.0)
