@@ -1,0 +1,56 @@
+"""The devnet as a newcomer runs it: `intellect-node devnet --model tiny --adversary --steps 3 --report r.json`.
+
+Everything is real and separate: anvil with the compiled contracts, a coordinator, a validator, two
+honest workers and a cheating worker (another model's weights), each its own process with its own
+libp2p host and vLLM engine (workers) or transformers prefill (validator)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_devnet_with_adversary_end_to_end(tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    report_path = tmp_path / "r.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INTELLECT_")}
+    started = time.monotonic()
+    p = subprocess.run(
+        [sys.executable, "-m", "cli.main", "devnet", "--model", "tiny", "--adversary", "--steps", "3",
+         "--report", str(report_path), "--dir", str(tmp_path / "dn"), "--timeout", "420"],
+        capture_output=True, text=True, timeout=480, env=env, cwd=str(ROOT),
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["ok"] and report["problems"] == []
+    nodes = report["nodes"]
+    assert set(nodes) == {"worker1", "worker2", "cheater"}
+    for name in ("worker1", "worker2"):
+        n = nodes[name]
+        # honest: every accepted rollout recorded, verified, final and claimed at the pool's rate
+        assert n["rollouts_accepted"] == 3 and n["rollouts_invalidated"] == 0
+        assert n["units_recorded"] > 0 and n["units_claimed"] == n["units_recorded"]
+        assert n["tokens_claimed"] == n["units_claimed"] * 10**15
+        assert n["slashes"] == []
+    cheat = nodes["cheater"]
+    assert cheat["rollouts_accepted"] == 3  # the coordinator's cheap checks cannot see another model
+    assert cheat["rollouts_invalidated"] == 3 and cheat["units_claimed"] == 0
+    assert cheat["slashed_tokens"] == 3 * 5 * 10**18
+    assert all(s["tx"].startswith("0x") and len(s["tx"]) == 66 for s in cheat["slashes"])
+    # the cheater's provider lost exactly the slashes on chain, as the event-only audit rebuilds it
+    audit = report["audit"]
+    assert audit["consistent"], audit["mismatches"]
+    assert audit["providers"][cheat["provider"]]["slashed"] == cheat["slashed_tokens"]
+    assert report["validator"].get("ok", 0) >= 6
+    assert "devnet summary" in p.stdout and "outcome as expected" in p.stdout
+    print(f"devnet with adversary took {elapsed:.0f} s")
