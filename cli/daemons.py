@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,8 @@ import trio
 from node import keys
 from node.chain import ChainError
 from node.daemon import parse_bootstrap, setup_logging, until_signal
+from node.protocol import ProtocolError
+from node.store import StoreError
 
 from ._common import AMOUNT, Settings, common
 
@@ -36,7 +41,35 @@ def _bootstrap(values: tuple[str, ...]) -> list[str]:
         raise click.BadParameter(str(exc)) from None
 
 
-async def _serve(daemon: Any, metrics: Any, metrics_addr: tuple[str, int] | None, what: str, data_dir: Path) -> None:
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for e in exc.exceptions:
+            yield from _leaves(e)
+    else:
+        yield exc
+
+
+@contextlib.contextmanager
+def _daemon_errors() -> Iterator[None]:
+    """A daemon's fatal error as the CLI's one-line `ChainError`: trio nurseries wrap it in an
+    exception group, and state-file and protocol failures are not `ChainError`s themselves."""
+    try:
+        try:
+            yield
+        except BaseExceptionGroup as group:
+            leaves = [e for e in _leaves(group) if not isinstance(e, trio.Cancelled)]
+            if len(leaves) != 1:
+                raise
+            raise leaves[0] from None
+    except StoreError as exc:
+        raise ChainError(str(exc), "check --data-dir (writable, space left)") from None
+    except ProtocolError as exc:
+        raise ChainError(f"the coordinator: {exc}") from None
+
+
+async def _serve(
+    daemon: Any, metrics: Any, metrics_addr: tuple[str, int] | None, what: str, data_dir: Path, live: bool = True
+) -> None:
     """Run `daemon` until it fails or SIGINT/SIGTERM, with its /metrics and /status HTTP endpoint."""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(until_signal, nursery.cancel_scope, what)
@@ -45,8 +78,58 @@ async def _serve(daemon: Any, metrics: Any, metrics_addr: tuple[str, int] | None
 
             port = await nursery.start(serve_http, metrics, metrics_addr[0], metrics_addr[1], daemon.status)
             (data_dir / "http.json").write_text(json.dumps({"host": metrics_addr[0], "port": port}))
+        nursery.start_soon(_sync_metrics, daemon, metrics)
+        if sys.stdout.isatty() and live:
+            nursery.start_soon(_live_view, daemon, what)
         await daemon.run()
         nursery.cancel_scope.cancel()
+
+
+async def _sync_metrics(daemon: Any, metrics: Any, every: float = 2.0) -> None:
+    """Carry figures the daemon keeps itself (gossip rejections and drops, stake, policy) into metrics."""
+    seen_rejected: dict[str, int] = {}
+    seen_dropped = 0
+    while True:
+        await trio.sleep(every)
+        net = getattr(daemon, "net", None)
+        if net is not None:
+            for reason, n in list(net.rejected.items()):
+                key = str(getattr(reason, "value", reason))
+                delta = n - seen_rejected.get(key, 0)
+                if delta > 0:
+                    metrics.gossip_rejected.labels(reason=key).inc(delta)
+                    seen_rejected[key] = n
+            dropped = sum(net.dropped.values()) + net.node.dropped_outbound
+            if dropped > seen_dropped:
+                metrics.gossip_dropped.inc(dropped - seen_dropped)
+                seen_dropped = dropped
+        stake = getattr(daemon, "stake_now", None)
+        if stake:
+            metrics.set_stake(int(stake))
+        cfg = getattr(daemon, "cfg", None)
+        if cfg is not None and hasattr(cfg, "policy_version"):
+            metrics.policy_version.set(cfg.policy_version)
+
+
+async def _live_view(daemon: Any, what: str) -> None:
+    """A live panel of the daemon's status in a terminal (logs scroll above it)."""
+    from rich.live import Live
+    from rich.table import Table
+
+    def render() -> Table:
+        t = Table(title=f"intellect-node {what}", show_header=False, expand=False)
+        for k, v in daemon.status().items():
+            if isinstance(v, dict):
+                v = ", ".join(f"{a}={b}" for a, b in v.items()) or "-"
+            elif isinstance(v, list):
+                v = f"{len(v)} item(s)"
+            t.add_row(str(k), str(v))
+        return t
+
+    with Live(render(), refresh_per_second=1, transient=True) as view:
+        while True:
+            await trio.sleep(1.0)
+            view.update(render())
 
 
 def _make_metrics(role: str) -> Any:
@@ -111,6 +194,10 @@ def _confirm(question: str) -> bool:
     help="HOST:PORT of /metrics and /status ('' disables).",
 )
 @click.option("--yes", is_flag=True, help="Do not ask before staking.")
+@click.option("--rpc-wait", type=float, default=60.0, hidden=True, help="Seconds to retry an unreachable RPC at start.")
+@click.option(
+    "--connect-wait", type=float, default=120.0, hidden=True, help="Seconds to retry an unreachable coordinator."
+)
 @click.option("-v", "--verbose", is_flag=True)
 @common
 def join_command(
@@ -125,6 +212,8 @@ def join_command(
     cheat: str | None,
     metrics_at: str,
     yes: bool,
+    rpc_wait: float,
+    connect_wait: float,
     verbose: bool,
 ) -> None:
     """Turn this machine into a worker of pool POOL: stake, join, generate verified rollouts, earn."""
@@ -146,11 +235,14 @@ def join_command(
         steps=steps,
         stake=stake,
         cheat=cheat,
+        rpc_wait=rpc_wait,
+        connect_wait=connect_wait,
     )
     metrics = _make_metrics("worker")
-    worker = Worker(cfg, provider, node, confirm=_confirm, metrics=metrics)
     try:
-        trio.run(_serve, worker, metrics, _metrics_addr(metrics_at), "worker", d)
+        with _daemon_errors():
+            worker = Worker(cfg, provider, node, confirm=_confirm, metrics=metrics)
+            trio.run(_serve, worker, metrics, _metrics_addr(metrics_at), "worker", d)
     except Declined as exc:
         raise ChainError(f"not confirmed: {exc}", "pass --yes to skip the question") from None
 
@@ -170,6 +262,7 @@ def join_command(
     help="Fraction of recorded work to re-check.",
 )
 @click.option("--metrics", "metrics_at", default="127.0.0.1:9411", show_default=True)
+@click.option("--rpc-wait", type=float, default=60.0, hidden=True, help="Seconds to retry an unreachable RPC at start.")
 @click.option("-v", "--verbose", is_flag=True)
 @common
 def validate_command(
@@ -182,6 +275,7 @@ def validate_command(
     thresholds: str | None,
     sample_rate: float,
     metrics_at: str,
+    rpc_wait: float,
     verbose: bool,
 ) -> None:
     """Re-check recorded work of pool POOL and invalidate cheating inside the validation window."""
@@ -201,9 +295,11 @@ def validate_command(
         model=model,
         thresholds=thresholds,
         sample_rate=sample_rate,
+        rpc_wait=rpc_wait,
     )
     metrics = _make_metrics("validator")
-    trio.run(_serve, Validator(cfg, key, metrics), metrics, _metrics_addr(metrics_at), "validator", d)
+    with _daemon_errors():
+        trio.run(_serve, Validator(cfg, key, metrics), metrics, _metrics_addr(metrics_at), "validator", d)
 
 
 @click.command("coordinator")
@@ -223,6 +319,7 @@ def validate_command(
     "--eject-after", type=float, default=600.0, show_default=True, help="Eject members silent this long (0: never)."
 )
 @click.option("--metrics", "metrics_at", default="127.0.0.1:9412", show_default=True)
+@click.option("--rpc-wait", type=float, default=60.0, hidden=True, help="Seconds to retry an unreachable RPC at start.")
 @click.option("-v", "--verbose", is_flag=True)
 @common
 def coordinator_command(
@@ -239,6 +336,7 @@ def coordinator_command(
     record_every: float,
     eject_after: float,
     metrics_at: str,
+    rpc_wait: float,
     verbose: bool,
 ) -> None:
     """Coordinate pool POOL: invites, tasks, rollout intake, batched work records, ejections."""
@@ -261,9 +359,11 @@ def coordinator_command(
         sampling={"temperature": temperature, "top_p": 1.0, "max_tokens": max_tokens},
         record_every=record_every,
         eject_after=eject_after,
+        rpc_wait=rpc_wait,
     )
     metrics = _make_metrics("coordinator")
-    trio.run(_serve, Coordinator(cfg, key, metrics), metrics, _metrics_addr(metrics_at), "coordinator", d)
+    with _daemon_errors():
+        trio.run(_serve, Coordinator(cfg, key, metrics), metrics, _metrics_addr(metrics_at), "coordinator", d)
 
 
 COMMANDS = [join_command, validate_command, coordinator_command]

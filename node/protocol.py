@@ -107,8 +107,13 @@ class Task:
         w = "task"
         sampling = _field(obj, "sampling", dict, w)
         for k in ("temperature", "max_tokens"):
-            if not isinstance(sampling.get(k), (int, float)) or isinstance(sampling.get(k), bool):
-                raise ProtocolError(f"malformed task: sampling.{k} missing")
+            v = sampling.get(k)
+            if (
+                not isinstance(v, (int, float))
+                or isinstance(v, bool)
+                or (isinstance(v, float) and not math.isfinite(v))
+            ):
+                raise ProtocolError(f"malformed task: sampling.{k} missing or not a finite number")
         t = cls(
             task_id=_field(obj, "task_id", str, w),
             pool_id=_field(obj, "pool_id", int, w),

@@ -293,6 +293,7 @@ class VllmEngine:
 
         self.model_dir = Path(model_dir)
         self.dtype = dtype
+        self.cpu_threads = cpu_threads
         kwargs: dict[str, Any] = {
             "model": str(self.model_dir),
             "dtype": dtype,
@@ -322,6 +323,16 @@ class VllmEngine:
             self._llm.collective_rpc(_eager_token_ranks)
         self._llm.collective_rpc(_install_capture)
         self._calls = 0
+
+    def _pin_threads(self) -> None:
+        """Give the calling thread the engine's OpenMP thread count.
+
+        The OpenMP thread count is per calling thread, and a daemon calls the engine from whichever
+        worker thread `trio.to_thread` picks: vLLM's CPU attention checks that the count matches the one
+        its metadata was built with ("thread_num == thread_num (2 vs. 1)") and aborts otherwise. vLLM
+        replaced `torch.set_num_threads` with a no-op warning, so this uses the underlying setter."""
+        if not self.gpu and self.cpu_threads is not None:
+            torch._C.set_num_threads(self.cpu_threads)
 
     @property
     def llm(self) -> LLM:
@@ -357,6 +368,7 @@ class VllmEngine:
         from vllm import RequestOutput
 
         llm = self.llm
+        self._pin_threads()
         self._calls += 1
         engine = llm.llm_engine
         tag = f"icn{self._calls}"
@@ -434,6 +446,7 @@ class VllmEngine:
         state computed with the old weights is reused.
         """
         llm = self.llm
+        self._pin_threads()
         if isinstance(weights, (str, Path)):
             path = Path(weights)
             if path.is_dir():
