@@ -450,6 +450,11 @@ class P2PNode:
             raise P2PError("refusing to dial self")
         if self.is_banned(info.peer_id):
             raise P2PError(f"refusing to dial banned peer {info.peer_id}")
+        # An explicit dial always tries: the swarm's negative cache would otherwise keep refusing a
+        # peer that was down a moment ago (e.g. a restarted coordinator) for its whole back-off period.
+        unblock = getattr(host.get_network(), "unblock_peer", None)
+        if unblock is not None:
+            unblock(info.peer_id)
         try:
             await host.connect(info)
         except Exception as exc:
