@@ -379,7 +379,7 @@ class Worker:
         except Exception as exc:
             log.debug("announcement failed: %r", exc)
 
-    def _load_engine(self, model: str) -> None:
+    def _load_engine(self, model: str, noise: float = 0.0) -> None:
         from .inference.engine import VllmEngine
 
         if self.engine is not None and self.engine_model == model:
@@ -388,6 +388,10 @@ class Worker:
             self.engine.close()
         tools = model_tools(model)
         self.engine = VllmEngine(tools.path, seed=0)
+        if noise > 0:  # the devnet adversary: almost the pool's model, not quite
+            from .calibrate import _load_state, noisy_weights
+
+            self.engine.reload_weights(noisy_weights(_load_state(tools.path), noise, seed=7))
         self.engine_model = model
         self.tools = tools
 
@@ -395,12 +399,17 @@ class Worker:
         from .inference.engine import SamplingSpec
         from .rollout.build import build_rollout_file
 
-        model = task.model
+        model, noise = task.model, 0.0
         if self.cfg.cheat == "model":
-            model = "tiny:1" if task.model == "tiny" else "tiny"
+            # another model's weights: the tiny model with another seed, else the pool's model with
+            # 5 % multiplicative noise on every weight (same tokenizer, so the prompts still match)
+            if task.model == "tiny":
+                model = "tiny:1"
+            else:
+                noise = 0.05
         if self.engine is None or self.engine_model != model:
             self.phase = f"loading model {model}"
-            await trio.to_thread.run_sync(self._load_engine, model)
+            await trio.to_thread.run_sync(self._load_engine, model, noise)
         assert self.tools is not None
         tools, env = self.tools, get_env(task.env)
         problems = env.problems(task.seed, task.prompts)
