@@ -232,8 +232,9 @@ class Validator:
         assert self.chain is not None
         c, pool, key = self.chain, self.cfg.pool_id, r["work_key"]
         rec = await retry_rpc(lambda: ops.record(c, pool, key), "record lookup")
-        if rec["status"] != 1:  # already invalidated or claimed
-            self.store.execute("UPDATE checks SET status = 'settled' WHERE work_key = ?", (key,))
+        if rec["status"] != 1:  # already invalidated (maybe by our own tx before a restart) or claimed
+            status = "invalidated" if r["status"] == "invalid" and rec["statusName"] == "invalidated" else "settled"
+            self.store.execute("UPDATE checks SET status = ? WHERE work_key = ?", (status, key))
             return
         now = await c.timestamp()
         if now + self.cfg.margin >= int(rec["deadline"]):

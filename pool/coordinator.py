@@ -149,7 +149,6 @@ class Coordinator:
 
     async def run(self, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
         cfg = self.cfg
-        self.tools = await trio.to_thread.run_sync(model_tools, cfg.model)
         self.chain = await connect_chain(
             cfg.rpc_url, cfg.deployment, self.key, journal=self.store.journal, wait=cfg.rpc_wait, what="coordinator"
         )
@@ -168,6 +167,7 @@ class Coordinator:
                     f"pool {cfg.pool_id} is {info['statusName']}, not active",
                     "start it with `intellect-node pool start`",
                 )
+            self.tools = await trio.to_thread.run_sync(model_tools, cfg.model)
             self.membership = ChainMembership(self.chain, cfg.pool_id, interval=1.0)
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.membership.run)
