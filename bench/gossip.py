@@ -12,6 +12,7 @@ Per-phase figures go to stderr; stdout gets ONE JSON line. Exit status 1 if anyt
 run did not complete.
 
     .venv/bin/python bench/gossip.py [--nodes 12] [--messages 2000] [--rate 600] [--seconds-limit 120]
+        [--profile node1.pstats]
 
 Parent/child protocol: JSON lines. Parent -> child stdin: the config (keys, addresses, schedule), then
 ``{"connect": [multiaddr, ...]}``, ``{"go": t0}``, ``{"stop": true}``. Child -> parent stdout:
@@ -64,8 +65,23 @@ def _emit(obj: dict[str, Any]) -> None:
 
 
 def child_main() -> None:
-    """One node: the first stdin line is its config, the next ones the parent's commands."""
-    trio.run(_child)
+    """One node: the first stdin line is its config, the next ones the parent's commands.
+
+    With ``GOSSIP_BENCH_PROFILE=path`` in its environment the node runs under cProfile and writes the
+    stats to ``path`` (the parent sets it for node 1 when given ``--profile``)."""
+    profile_path = os.environ.get("GOSSIP_BENCH_PROFILE")
+    if not profile_path:
+        trio.run(_child)
+        return
+    import cProfile
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        trio.run(_child)
+    finally:
+        profiler.disable()
+        profiler.dump_stats(profile_path)
 
 
 async def _child() -> None:
@@ -221,13 +237,24 @@ async def _node(config: dict[str, Any], command_recv: trio.MemoryReceiveChannel[
 class Child:
     """One node process and a thread turning its stdout lines into (index, message) queue items."""
 
-    def __init__(self, index: int, config: dict[str, Any], events: queue.Queue[tuple[int, dict[str, Any]]]) -> None:
+    def __init__(
+        self,
+        index: int,
+        config: dict[str, Any],
+        events: queue.Queue[tuple[int, dict[str, Any]]],
+        profile: str | None = None,
+    ) -> None:
         self.index = index
+        env = dict(os.environ)
+        env.pop("GOSSIP_BENCH_PROFILE", None)
+        if profile:
+            env["GOSSIP_BENCH_PROFILE"] = profile
         self.proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "--child"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            env=env,
             start_new_session=True,  # Ctrl-C reaches the parent only; it stops the children itself
         )
         self.send(config)
@@ -325,7 +352,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "numbers": numbers[i],
                     "result": str(Path(tmp) / f"node{i}.json"),
                 }
-                children.append(Child(i, config, events))
+                children.append(Child(i, config, events, args.profile if i == 1 else None))
             pump(lambda: all("ready" in s for s in state), args.seconds_limit, "start")
             phase_times["start_s"] = time.monotonic() - start
             _log(f"{n} nodes listening after {phase_times['start_s']:.1f} s")
@@ -478,6 +505,7 @@ def main() -> None:
     parser.add_argument("--drain-timeout", type=float, default=10.0, help="stop after this long without progress")
     parser.add_argument("--dump", help="write every delivery [receiver, publisher, number, sent, received] here")
     parser.add_argument("--seed", type=int, default=0, help="topology seed")
+    parser.add_argument("--profile", help="run node 1 under cProfile and write its pstats file here")
     args = parser.parse_args()
     if args.nodes < 2 or args.messages < 1 or args.rate <= 0:
         parser.error("need --nodes >= 2, --messages >= 1, --rate > 0")

@@ -13,6 +13,7 @@ from .envelope import (
     recover_sender,
     seal,
     signing_payload,
+    verify_envelope,
 )
 from .rules import Membership, MessageValidator, PeerScore, ReplayWindow, normalize_address
 
@@ -36,4 +37,5 @@ __all__ = [
     "recover_sender",
     "seal",
     "signing_payload",
+    "verify_envelope",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import lru_cache
 from typing import Any
 
 import msgpack
@@ -32,6 +33,13 @@ _SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD036414
 # Envelopes are an array of 8 scalars; a little head-room lets a future version add fields and still be
 # reported as VERSION (not MALFORMED) by this decoder.
 _MAX_ARRAY = 32
+
+
+@lru_cache(maxsize=8192)
+def checksum_address(addr: str) -> str:
+    """`to_checksum_address`, memoised: it costs a keccak and ~20 us, and the per-message checks call it
+    several times with the few addresses of a pool. Bounded; raises like the original for non-addresses."""
+    return to_checksum_address(addr)
 
 
 class RejectReason(StrEnum):
@@ -98,7 +106,7 @@ def _validate_fields(version: Any, kind: Any, pool: Any, sender: Any, seq: Any, 
     if type(sender) is not str or len(sender) != 42 or not sender.startswith("0x"):
         raise EnvelopeError(RejectReason.MALFORMED, "sender must be a 0x-prefixed 40-hex-digit address")
     try:
-        checksummed = to_checksum_address(sender)
+        checksummed = checksum_address(sender)
     except Exception:
         raise EnvelopeError(RejectReason.MALFORMED, "sender is not a hex address") from None
     if checksummed != sender:
@@ -189,12 +197,10 @@ def decode(data: bytes, *, max_bytes: int = MAX_ENVELOPE_BYTES) -> Envelope:
     return env
 
 
-def recover_sender(env: Envelope) -> str:
-    """Checksummed address that signed `env`; raises EnvelopeError(BAD_SIGNATURE) if none can be recovered.
-
-    Only low-s signatures with v in {27, 28} (what eth-account produces) are accepted, so each signed
-    envelope has exactly one valid byte string."""
-    sig = env.signature
+def check_signature_form(sig: bytes) -> None:
+    """Raise EnvelopeError(BAD_SIGNATURE) unless `sig` is 65 bytes r||s||v with v in {27, 28}, 0 < r < n and
+    0 < s <= n/2 (what eth-account produces). Cheap (no curve arithmetic): it keeps the wire form of a
+    signed envelope unique even where the recovery itself is skipped."""
     if type(sig) is not bytes or len(sig) != SIGNATURE_BYTES:
         raise EnvelopeError(RejectReason.BAD_SIGNATURE, f"signature must be exactly {SIGNATURE_BYTES} bytes")
     r = int.from_bytes(sig[0:32], "big")
@@ -202,8 +208,28 @@ def recover_sender(env: Envelope) -> str:
     v = sig[64]
     if v not in (27, 28) or not 0 < r < _SECP256K1_N or not 0 < s <= _SECP256K1_N // 2:
         raise EnvelopeError(RejectReason.BAD_SIGNATURE, "signature is not a canonical (low-s, v=27/28) signature")
+
+
+def recover_sender(env: Envelope) -> str:
+    """Checksummed address that signed `env`; raises EnvelopeError(BAD_SIGNATURE) if none can be recovered.
+
+    Only low-s signatures with v in {27, 28} (what eth-account produces) are accepted, so each signed
+    envelope has exactly one valid byte string."""
+    sig = env.signature
+    check_signature_form(sig)
     payload = signing_payload(env.version, env.kind, env.pool, env.sender, env.seq, env.time, env.body)
     try:
         return to_checksum_address(Account.recover_message(_signable(payload), signature=sig))
     except Exception:
         raise EnvelopeError(RejectReason.BAD_SIGNATURE, "no public key recovers from this signature") from None
+
+
+def verify_envelope(env: Envelope) -> Envelope:
+    """Check `env`'s own Ethereum signature: returns `env` if `env.sender` signed it, else raises
+    EnvelopeError(BAD_SIGNATURE). For envelopes that arrive outside gossip (request-response, files,
+    evidence handed to a contract): gossip validation may skip this recovery when the libp2p author,
+    whose transport signature covers the same bytes, is the sender (see `MessageValidator.check`)."""
+    signer = recover_sender(env)
+    if signer != env.sender:
+        raise EnvelopeError(RejectReason.BAD_SIGNATURE, f"signed by {signer}, claims sender {env.sender}")
+    return env

@@ -18,9 +18,11 @@ py-libp2p 0.8.1 facts this module works around (see shared/TOOLCHAIN.md):
 from __future__ import annotations
 
 import logging
+import os
 import struct
 import time
-from collections import defaultdict, deque
+import weakref
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack, suppress
 from functools import lru_cache
@@ -36,16 +38,22 @@ from libp2p.abc import IHost, INetStream
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.secp256k1 import Secp256k1PublicKey, create_new_key_pair
 from libp2p.custom_types import TProtocol
+from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+from libp2p.kad_dht.routing_table import gen_random_key_in_bucket
 from libp2p.network.config import ConnectionConfig
 from libp2p.network.exceptions import SwarmException
+from libp2p.peer import peerstore as _peerstore_module
 from libp2p.peer.id import ID
-from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+from libp2p.pubsub import gossipsub as _gossipsub_module
 from libp2p.pubsub import pubsub as _pubsub_module
+from libp2p.pubsub import utils as _pubsub_utils_module
 from libp2p.pubsub.gossipsub import PROTOCOL_ID as GOSSIPSUB_PROTOCOL_ID
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.rpc_queue import RpcQueue
+from libp2p.stream_muxer.yamux import yamux as _yamux_module
 from libp2p.tools.anyio_service import background_trio_service
 
 logger = logging.getLogger(__name__)
@@ -71,6 +79,12 @@ SPAM_LIMIT_PER_SECOND = 5000.0
 _RECEIVER_RATE = 200.0  # msg/s a busy receiver surely consumes; lower = safer, slower exit
 _BACKLOG_WINDOW_S = 3.0
 
+# DHT discovery: lookups are bounded by this, dials by the connect timeout, rounds by the interval.
+DHT_LOOKUP_TIMEOUT = 5.0
+DHT_DIAL_TIMEOUT = 5.0
+DHT_MAX_DIALS_PER_ROUND = 8
+DHT_MAX_QUERIES_PER_ROUND = 16
+
 _STATUS_OK = 0
 _STATUS_ERR = 1
 _LEN = struct.Struct(">I")
@@ -89,6 +103,9 @@ _NOISY_LOGGERS = (
     "libp2p.identity.identify_push.identify_push",
     "libp2p.host.ping",
     "libp2p.security.noise",
+    "libp2p.kad_dht.kad_dht",
+    "libp2p.kad_dht.peer_routing",
+    "libp2p.kad_dht.routing_table",
 )
 
 
@@ -106,6 +123,63 @@ class _BigRpcQueue(RpcQueue):
 # Pubsub creates its per-peer queues as ``RpcQueue()`` from its module namespace; the size is a
 # default argument, so the only hook is the module attribute.  Idempotent and process-wide.
 _pubsub_module.RpcQueue = _BigRpcQueue  # type: ignore[misc]
+
+
+def _no_release_on_read() -> bool:
+    return False
+
+
+# Yamux credit: by default ("release on read") py-libp2p answers *every* read with a WINDOW_UPDATE frame,
+# and pubsub reads each message as a varint byte by byte and then the body, so every gossip message
+# received costs several extra outbound frames (a Noise encryption and a send() each; measured: more
+# window updates than data frames).  Off, credit goes back in go-yamux's batches of half a window.
+# An operator's explicit PY_YAMUX_RELEASE_ON_READ still wins.  Process-wide, like the patch above.
+if "PY_YAMUX_RELEASE_ON_READ" not in os.environ:
+    _yamux_module._yamux_release_on_read = _no_release_on_read
+
+# Signed peer records ride on every pubsub RPC.  py-libp2p rebuilds ours per RPC *sent* (re-parsing our
+# listen multiaddrs from strings: ~0.3 ms a message) and re-verifies the sender's per RPC *received*,
+# though both change only when a host's addresses do.  Cache the outgoing record for a second and skip
+# re-consuming the very same record bytes from the same peer for a minute (bounded memory).
+_SPR_REUSE_S = 1.0
+_SPR_RECHECK_S = 60.0
+_SPR_SEEN_MAX = 4096
+_original_env_to_send = _peerstore_module.env_to_send_in_RPC
+_original_consume_record = _pubsub_utils_module.maybe_consume_signed_record
+_spr_out: weakref.WeakKeyDictionary[IHost, tuple[float, bytes]] = weakref.WeakKeyDictionary()
+_spr_seen: OrderedDict[tuple[bytes, bytes, bytes], float] = OrderedDict()
+
+
+def _cached_env_to_send_in_rpc(host: IHost) -> tuple[bytes, bool]:
+    now = time.monotonic()
+    hit = _spr_out.get(host)
+    if hit is not None and now < hit[0]:
+        return hit[1], False
+    envelope, fresh = _original_env_to_send(host)
+    _spr_out[host] = (now + _SPR_REUSE_S, envelope)
+    return envelope, fresh
+
+
+def _cached_consume_signed_record(msg: rpc_pb2.RPC, host: IHost, peer_id: ID) -> bool:
+    if not msg.HasField("senderRecord"):
+        return True
+    key = (host.get_id().to_bytes(), peer_id.to_bytes(), msg.senderRecord)
+    now = time.monotonic()
+    until = _spr_seen.get(key)
+    if until is not None and now < until:
+        return True  # these exact bytes from this peer were verified and stored moments ago
+    ok = _original_consume_record(msg, host, peer_id)
+    if ok:
+        _spr_seen[key] = now + _SPR_RECHECK_S
+        _spr_seen.move_to_end(key)
+        while len(_spr_seen) > _SPR_SEEN_MAX:
+            _spr_seen.popitem(last=False)
+    return ok
+
+
+for _module in (_pubsub_module, _gossipsub_module):
+    _module.env_to_send_in_RPC = _cached_env_to_send_in_rpc  # type: ignore[attr-defined]
+    _module.maybe_consume_signed_record = _cached_consume_signed_record  # type: ignore[attr-defined]
 
 
 def quiet_libp2p_logs(level: int = logging.CRITICAL) -> None:
@@ -210,6 +284,16 @@ class _CountingGossipSub(GossipSub):
         super()._handle_dropped_rpc(peer_id, rpc, reason)
 
 
+class _NodeDHT(KadDHT):
+    """KadDHT without its own maintenance loop: that loop refreshes the routing table at start and every
+    10 minutes, and a refresh dials every peer it queries, past any connection cap.  The node's
+    discovery loop (`P2PNode.dht_round`) does the refreshing instead, capped and with timeouts.  Values
+    and provider records are not used, so their republishing is not needed either."""
+
+    async def _run_main_loop(self) -> None:
+        await trio.sleep_forever()
+
+
 class P2PNode:
     """One libp2p host with gossip and request-response, run as an async context manager."""
 
@@ -233,7 +317,16 @@ class P2PNode:
         bootstrap_max_failures: int = 30,
         flush_timeout: float = 5.0,
         quiet_logs: bool = True,
+        dht: bool = False,
+        dht_interval: float = 30.0,
+        dht_max_peers: int = 32,
     ) -> None:
+        """``dht=True`` runs a Kademlia DHT server (py-libp2p's ``/ipfs/kad/1.0.0``) and a discovery loop
+        that, every ``dht_interval`` seconds (sooner at start), offers the connected peers to the routing
+        table, looks up peers close to this node and dials ones not yet connected, until the node has
+        ``dht_max_peers`` connections.  Every lookup and dial has a timeout."""
+        if dht_interval <= 0 or dht_max_peers < 1:
+            raise ValueError("dht_interval must be positive and dht_max_peers at least 1")
         self._key_pair = identity_from_eth_key(private_key)
         self._listen = multiaddr.Multiaddr(listen)
         self._initial_topics = list(dict.fromkeys(topics))
@@ -246,6 +339,10 @@ class P2PNode:
         self._deliver_own = deliver_own
         self._bootstrap_max_failures = bootstrap_max_failures
         self._flush_timeout = flush_timeout
+        self._dht_enabled = dht
+        self._dht_interval = dht_interval
+        self._dht_max_peers = dht_max_peers
+        self._dht: KadDHT | None = None
         if quiet_logs:
             quiet_libp2p_logs()
 
@@ -322,6 +419,15 @@ class P2PNode:
             await stack.enter_async_context(background_trio_service(gossipsub))
             await pubsub.wait_until_ready()
             self._host, self._pubsub, self._gossipsub = host, pubsub, gossipsub
+            if self._dht_enabled:
+                # Server mode: we answer FIND_NODE, so peers that only know us can find each other.
+                # Random walk off: our own bounded loop below decides when to look up and whom to dial.
+                dht = _NodeDHT(
+                    host, DHTMode.SERVER, enable_random_walk=False, enable_values=False, enable_providers=False
+                )
+                await stack.enter_async_context(background_trio_service(dht))
+                self._dht = dht
+                self._nursery.start_soon(self._dht_loop, dht)
             for topic in self._initial_topics:
                 await self._join(topic)
             for addr in self._bootstrap:
@@ -491,6 +597,91 @@ class P2PNode:
             await trio.sleep(delay)
             delay = min(delay * 2, 10.0)
         logger.warning("bootstrap: giving up on %s after %d failures", addr, failures)
+
+    # ------------------------------------------------------------------ DHT discovery
+
+    @property
+    def dht_routing_table_peers(self) -> list[ID]:
+        """Peers in the DHT routing table (empty without ``dht=True``)."""
+        return list(self._dht.routing_table.get_peer_ids()) if self._dht is not None else []
+
+    async def dht_round(self, dht: KadDHT | None = None) -> int:
+        """One bounded discovery round; returns how many peers got connected during it.
+
+        Connected peers go into the routing table.  Then, unless the node already holds
+        ``dht_max_peers`` connections, up to ``DHT_MAX_QUERIES_PER_ROUND`` FIND_NODE queries go to
+        *connected* peers only (our own id, plus one random key per non-empty bucket, as Kademlia's
+        refresh does; all within ``DHT_LOOKUP_TIMEOUT``), so a query never dials anyone; the closer
+        peers they name land in the peerstore and routing table.  Finally up to
+        ``DHT_MAX_DIALS_PER_ROUND`` table peers not yet connected (nor banned) are dialled, never past
+        ``dht_max_peers`` connections.  Successive rounds query the peers the previous ones connected:
+        an iterative Kademlia walk, one hop per round, with the node's connection cap respected."""
+        dht = dht if dht is not None else self._dht
+        host = self._host
+        if dht is None or host is None:
+            raise P2PError("DHT is not running (construct the node with dht=True)")
+        before = set(host.get_connected_peers())
+        live = [pid for pid in before if not self.is_banned(pid)][: self._dht_max_peers]
+        for pid in live:
+            with trio.move_on_after(DHT_LOOKUP_TIMEOUT), suppress(Exception):
+                await dht.add_peer(pid)
+        if len(before) >= self._dht_max_peers:
+            return 0
+        keys = [self.peer_id.to_bytes()]
+        for bucket in dht.routing_table.buckets:
+            if bucket.size() > 0:
+                keys.append(gen_random_key_in_bucket(bucket))
+        queries = [(pid, key) for key in keys for pid in live][:DHT_MAX_QUERIES_PER_ROUND]
+
+        async def query(pid: ID, key: bytes) -> None:
+            if pid not in host.get_connected_peers():
+                return  # went away meanwhile: querying it would dial it
+            try:
+                # py-libp2p's single-peer FIND_NODE: records the answer's addresses in the peerstore
+                # and routing table (the public lookup also dials every peer it hears of).
+                await dht.peer_routing._query_peer_for_closest(pid, key)
+            except Exception as exc:
+                logger.debug("dht: FIND_NODE to %s failed: %r", pid, exc)
+
+        with trio.move_on_after(DHT_LOOKUP_TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                for pid, key in queries:
+                    nursery.start_soon(query, pid, key)
+        connected = set(host.get_connected_peers())
+        candidates = [
+            pid
+            for pid in dht.routing_table.get_peer_ids()
+            if pid != self.peer_id and pid not in connected and not self.is_banned(pid)
+        ]
+        for pid in candidates[:DHT_MAX_DIALS_PER_ROUND]:
+            if len(host.get_connected_peers()) >= self._dht_max_peers:
+                break
+            addrs = host.get_peerstore().addrs(pid)
+            if not addrs:
+                continue
+            with trio.move_on_after(DHT_DIAL_TIMEOUT):
+                try:
+                    await host.connect(PeerInfo(pid, addrs))
+                except Exception as exc:
+                    logger.debug("dht: dial %s failed: %r", pid, exc)
+                    dht.routing_table.remove_peer(pid)  # Kademlia: unreachable peers leave the table
+        return len(set(host.get_connected_peers()) - before)
+
+    async def _dht_loop(self, dht: KadDHT) -> None:
+        """Discovery rounds: 0.5 s apart at start, doubling up to ``dht_interval`` (and back to fast
+        whenever a round found someone new, since the neighbourhood is then still changing)."""
+        delay = 0.5
+        while True:
+            try:
+                found = await self.dht_round(dht)
+            except Exception as exc:  # a DHT bug must not take the node down
+                logger.warning("dht: discovery round failed: %r", exc)
+                found = 0
+            if found:
+                logger.info("dht: connected %d new peer(s)", found)
+                delay = 0.5
+            await trio.sleep(delay)
+            delay = min(delay * 2, self._dht_interval)
 
     # ------------------------------------------------------------------ bans
 

@@ -171,7 +171,9 @@ class PoolNetwork:
             self._reject(sender_address, RejectReason.BANNED, now, "author is banned")
             return False
         try:
-            env = self.validator.check(data, peer_address=sender_address, now=now)
+            # The host hands us the author of a strictly signed GossipSub message (signature verified
+            # before any topic validator runs), keyed by the same secp256k1 key as its Ethereum account.
+            env = self.validator.check(data, peer_address=sender_address, now=now, author_verified=True)
         except EnvelopeError as exc:
             self._reject(sender_address, exc.reason, now, str(exc))
             return False

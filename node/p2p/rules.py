@@ -9,9 +9,16 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from eth_utils import to_checksum_address
-
-from .envelope import MAX_ENVELOPE_BYTES, Envelope, EnvelopeError, RejectReason, decode, recover_sender
+from .envelope import (
+    MAX_ENVELOPE_BYTES,
+    Envelope,
+    EnvelopeError,
+    RejectReason,
+    check_signature_form,
+    checksum_address,
+    decode,
+    recover_sender,
+)
 
 ROLE_COORDINATOR = "coordinator"
 ROLE_VALIDATOR = "validator"
@@ -27,7 +34,7 @@ def normalize_address(addr: str) -> str | None:
     if len(text) != 42:
         return None
     try:
-        return to_checksum_address("0x" + text[2:].lower())
+        return checksum_address("0x" + text[2:].lower())
     except Exception:
         return None
 
@@ -270,9 +277,16 @@ class MessageValidator:
         self.max_skew = max_skew
         self.replay = ReplayWindow(window, max_senders=max_senders)
 
-    def check(self, data: bytes, *, peer_address: str | None, now: float) -> Envelope:
+    def check(self, data: bytes, *, peer_address: str | None, now: float, author_verified: bool = False) -> Envelope:
         """Validate one received message. `peer_address` is the Ethereum address bound to the libp2p
-        peer that sent it (None to skip that check, e.g. for locally published messages)."""
+        peer that sent it (None to skip that check, e.g. for locally published messages).
+
+        `author_verified=True` states that `peer_address` is the author of a transport signature already
+        verified over these exact bytes (GossipSub strict signing: the author's libp2p key is the same
+        secp256k1 key as its Ethereum key). Then, when the envelope's sender is that address, the
+        envelope signature adds no authenticity and its (costly) recovery is skipped; only its canonical
+        form is checked. Any other case, a sender/author mismatch above all, takes the full check. The
+        envelope's own signature is then not proven: to hand it on outside gossip, `verify_envelope` it."""
         try:
             size = len(data)
         except Exception:
@@ -282,13 +296,18 @@ class MessageValidator:
         env = decode(data, max_bytes=self.max_bytes)
         if env.pool != self.pool:
             raise EnvelopeError(RejectReason.POOL, f"message for pool {env.pool}, this topic is pool {self.pool}")
-        signer = recover_sender(env)
-        if signer != env.sender:
-            raise EnvelopeError(RejectReason.BAD_SIGNATURE, f"signed by {signer}, claims sender {env.sender}")
-        if peer_address is not None and normalize_address(peer_address) != env.sender:
-            raise EnvelopeError(
-                RejectReason.SENDER_MISMATCH, f"libp2p source is bound to {peer_address}, envelope claims {env.sender}"
-            )
+        peer = normalize_address(peer_address) if peer_address is not None else None
+        if author_verified and peer is not None and peer == env.sender:
+            check_signature_form(env.signature)
+        else:
+            signer = recover_sender(env)
+            if signer != env.sender:
+                raise EnvelopeError(RejectReason.BAD_SIGNATURE, f"signed by {signer}, claims sender {env.sender}")
+            if peer_address is not None and peer != env.sender:
+                raise EnvelopeError(
+                    RejectReason.SENDER_MISMATCH,
+                    f"libp2p source is bound to {peer_address}, envelope claims {env.sender}",
+                )
         members = self.membership()
         if members.pool != env.pool or members.role(env.sender) is None:
             raise EnvelopeError(RejectReason.NOT_MEMBER, f"{env.sender} has no role in pool {env.pool}")

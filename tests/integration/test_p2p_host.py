@@ -350,3 +350,29 @@ async def test_mesh_peers_and_wait_for_mesh() -> None:
         await b.wait_for_mesh(TOPIC, 1)
         assert a.mesh_peers(TOPIC) == {str(b.peer_id)}
         assert b.mesh_peers(TOPIC) == {str(a.peer_id)}
+
+
+async def test_signed_peer_records_are_cached_yet_still_exchanged() -> None:
+    """The per-RPC signed peer record is built once a second and a repeated one is not re-verified, but
+    each side still ends up with the other's certified record (what the caches must not break)."""
+    from node.p2p import host as host_module
+
+    got: list[tuple[bytes, str, float]] = []
+    async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
+        a, b = await start(stack, 2)
+        await b.connect(a.listen_addrs[0])
+        await a.wait_for_mesh(TOPIC, 1)
+        nursery.start_soon(collect, b.subscribe(TOPIC), got, 20)
+        for i in range(20):
+            await a.publish(TOPIC, b"m%d" % i)
+        with trio.fail_after(10):
+            while len(got) < 20:
+                await trio.sleep(0.02)
+        host_a = a._require_host()
+        cached, _ = host_module._cached_env_to_send_in_rpc(host_a)
+        assert cached == host_module._original_env_to_send(host_a)[0]
+        record = b._require_host().get_peerstore().get_peer_record(a.peer_id)
+        assert record is not None and record.marshal_envelope() == cached
+        assert any(key[:2] == (b.peer_id.to_bytes(), a.peer_id.to_bytes()) for key in host_module._spr_seen)
+        assert len(host_module._spr_seen) <= host_module._SPR_SEEN_MAX
+        nursery.cancel_scope.cancel()

@@ -28,6 +28,7 @@ from node.p2p import (
     recover_sender,
     seal,
     signing_payload,
+    verify_envelope,
 )
 
 POOL = 7
@@ -378,6 +379,103 @@ def test_peer_score_memory_is_bounded() -> None:
 
 # --- fuzzing -------------------------------------------------------------------------------------------
 
+# --- the gossip fast path: author-verified messages skip the envelope signature recovery -------------
+
+
+def _fast(v: MessageValidator, data: bytes, *, peer: str | None, now: float = NOW) -> RejectReason | None:
+    try:
+        v.check(data, peer_address=peer, now=now, author_verified=True)
+    except EnvelopeError as exc:
+        return exc.reason
+    return None
+
+
+@pytest.fixture
+def recoveries(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Count the envelope signature recoveries the validator performs (the real function still runs)."""
+    import node.p2p.rules as rules_module
+
+    calls: list[str] = []
+    real = rules_module.recover_sender
+
+    def counting(env: Envelope) -> str:
+        calls.append(env.sender)
+        return real(env)
+
+    monkeypatch.setattr(rules_module, "recover_sender", counting)
+    return calls
+
+
+def test_fast_path_accepts_honest_messages_without_recovery(recoveries: list[str]) -> None:
+    v = validator()
+    for seq, (account, kind) in enumerate(
+        [(MEMBER, "rollout"), (MEMBER, "heartbeat"), (VALIDATOR, "verdict"), (COORD, "task"), (COORD, "policy")]
+    ):
+        # Any spelling of the author's address matches the checksummed sender.
+        env = v.check(
+            make(account, kind=kind, seq=seq), peer_address=account.address.lower(), now=NOW, author_verified=True
+        )
+        assert (env.sender, env.kind) == (account.address, kind)
+    assert recoveries == []
+
+
+def test_fast_path_author_sender_mismatch_takes_the_full_check(recoveries: list[str]) -> None:
+    # C's honest envelope relayed by B as B's own gossip: the envelope signature is valid, the author is not C.
+    assert _fast(validator(), make(MEMBER), peer=VALIDATOR.address) == RejectReason.SENDER_MISMATCH
+    # OUTSIDER's gossip carrying an envelope that claims MEMBER, signed by OUTSIDER: a forgery.
+    assert _fast(validator(), forged(), peer=OUTSIDER.address) == RejectReason.BAD_SIGNATURE
+    # A member forging another member's envelope is caught the same way.
+    payload = signing_payload(VERSION, "rollout", POOL, MEMBER.address, 5, NOW, b"x")
+    sig = VALIDATOR.sign_message(encode_defunct(primitive=keccak(payload))).signature
+    fake = encode(Envelope(VERSION, "rollout", POOL, MEMBER.address, 5, NOW, b"x", bytes(sig)))
+    assert _fast(validator(), fake, peer=VALIDATOR.address) == RejectReason.BAD_SIGNATURE
+    # Without an author (local messages) or without the flag, nothing is taken on trust.
+    assert _fast(validator(), forged(), peer=None) == RejectReason.BAD_SIGNATURE
+    assert reason_of(validator(), forged(), peer=MEMBER.address) == RejectReason.BAD_SIGNATURE
+    assert len(recoveries) == 5
+
+
+@pytest.mark.parametrize("reason", [r for r in CASES if r is not RejectReason.BAD_SIGNATURE])
+def test_fast_path_keeps_every_other_check(reason: RejectReason) -> None:
+    build, peer, now, kw, relaxed = CASES[reason]
+    data = build()
+    assert _fast(validator(**kw), data, peer=peer, now=now) == reason
+    if relaxed is not None:
+        kw2 = {**kw, **{k: val for k, val in relaxed.items() if k not in ("peer", "now")}}
+        assert _fast(validator(**kw2), data, peer=relaxed.get("peer", peer), now=relaxed.get("now", now)) is None
+
+
+def test_fast_path_keeps_replay_and_canonical_signature_checks() -> None:
+    v = validator()
+    data = make(seq=9)
+    assert _fast(v, data, peer=MEMBER.address) is None
+    assert _fast(v, data, peer=MEMBER.address) == RejectReason.REPLAY
+    # The high-s twin of a valid signature (equally valid as ECDSA) is refused without any recovery.
+    env = decode(make(seq=10))
+    r, s_, v_ = env.signature[:32], int.from_bytes(env.signature[32:64], "big"), env.signature[64]
+    n = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+    twin = r + (n - s_).to_bytes(32, "big") + bytes([55 - v_])
+    high_s = encode(
+        Envelope(*[getattr(env, f) for f in ("version", "kind", "pool", "sender", "seq", "time", "body")], twin)
+    )
+    assert _fast(v, high_s, peer=MEMBER.address) == RejectReason.BAD_SIGNATURE
+    assert _fast(v, make(seq=10), peer=MEMBER.address) is None  # the rejected twin did not burn seq 10
+
+
+def test_verify_envelope_checks_the_envelope_signature_alone() -> None:
+    env = seal(VALIDATOR, kind="verdict", pool=POOL, seq=1, time=NOW, body=b"ok")
+    assert verify_envelope(env) is env
+    with pytest.raises(EnvelopeError) as info:
+        verify_envelope(decode(forged()))
+    assert info.value.reason == RejectReason.BAD_SIGNATURE
+    tampered = Envelope(
+        *[getattr(env, f) for f in ("version", "kind", "pool", "sender", "seq", "time")], b"no", env.signature
+    )
+    with pytest.raises(EnvelopeError) as info:
+        verify_envelope(tampered)
+    assert info.value.reason == RejectReason.BAD_SIGNATURE
+
+
 VALID = make(body=b"some rollout hash", seq=42)
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -455,3 +553,61 @@ def test_fuzz_roundtrip(kind: str, pool: int, seq: int, time: float, body: bytes
     env = seal(MEMBER, kind=kind, pool=pool, seq=seq, time=time, body=body)
     assert decode(encode(env)) == env
     assert recover_sender(env) == MEMBER.address
+
+
+# --- bootstrap list from the pool record ---------------------------------------------------------------
+
+
+def _peer_id(seed: int) -> str:
+    from libp2p.peer.id import ID
+
+    from node.p2p.host import identity_from_eth_key
+
+    return str(ID.from_pubkey(identity_from_eth_key(bytes([seed]) * 32).public_key))
+
+
+def test_parse_bootstrap_splits_validates_and_dedupes() -> None:
+    from node.p2p.discovery import parse_bootstrap
+
+    a, b = _peer_id(1), _peer_id(2)
+    text = f"  /ip4/127.0.0.1/tcp/4001/p2p/{a},/dns4/boot.example.org/tcp/4001/p2p/{b}\n\t/ip4/127.0.0.1/tcp/4001/p2p/{a} ,, "
+    assert parse_bootstrap(text) == [f"/ip4/127.0.0.1/tcp/4001/p2p/{a}", f"/dns4/boot.example.org/tcp/4001/p2p/{b}"]
+    assert parse_bootstrap("") == []
+    assert parse_bootstrap(" , \n ") == []
+    assert parse_bootstrap(f"/ip6/::1/tcp/9/p2p/{b}") == [f"/ip6/::1/tcp/9/p2p/{b}"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "why"),
+    [
+        ("/ip4/127.0.0.1/tcp/4001", "/p2p/"),
+        ("/p2p/{a}", "no transport"),
+        ("/ip4/127.0.0.1/tcp/4001/p2p/notapeerid", "not a valid multiaddr"),
+        ("/ip4/127.0.0.1/tcp/4001/p2p/QmX", "not a valid multiaddr"),
+        ("127.0.0.1:4001", "must start with '/'"),
+        ("/ip4/300.0.0.1/tcp/4001/p2p/{a}", "not a valid multiaddr"),
+        ("/ip4/127.0.0.1/tcp/4001/p2p/{a}/p2p/{a}", "exactly one"),
+        ("/ip4/127.0.0.1/tcp/4001/p2p/{a}/tcp/5", "exactly one"),
+    ],
+)
+def test_parse_bootstrap_names_the_bad_entry(entry: str, why: str) -> None:
+    from node.p2p.discovery import parse_bootstrap
+
+    good = f"/ip4/127.0.0.1/tcp/1/p2p/{_peer_id(2)}"
+    bad = entry.format(a=_peer_id(1))
+    with pytest.raises(ValueError) as info:
+        parse_bootstrap(f"{good}, {bad}")
+    message = str(info.value)
+    assert "entry 2" in message and bad[:100] in message and why in message, message
+
+
+def test_parse_bootstrap_is_bounded() -> None:
+    from node.p2p.discovery import MAX_BOOTSTRAP_ENTRIES, parse_bootstrap
+
+    many = " ".join(f"/ip4/127.0.0.1/tcp/{4000 + i}/p2p/{_peer_id(1)}" for i in range(MAX_BOOTSTRAP_ENTRIES + 1))
+    with pytest.raises(ValueError, match="limit"):
+        parse_bootstrap(many)
+    with pytest.raises(ValueError, match="limit"):
+        parse_bootstrap("," * 20_000)
+    with pytest.raises(ValueError, match="string"):
+        parse_bootstrap(b"/ip4/127.0.0.1")  # type: ignore[arg-type]
