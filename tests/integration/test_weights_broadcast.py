@@ -1,0 +1,226 @@
+"""Weight broadcast over real HTTP servers on 127.0.0.1: origin -> relay -> client, faults included."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from node.weights.client import DownloadError, DownloadStats, download
+from node.weights.manifest import Manifest, shard_file
+from node.weights.server import Relay, WeightStore, serve_weights
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARD = 128 * 1024
+
+
+def _checkpoint(tmp_path: Path, size: int) -> Path:
+    path = tmp_path / "src" / "model.safetensors"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(os.urandom(size))
+    return path
+
+
+async def _serve(nursery: trio.Nursery, store: WeightStore, rate: float | None = None) -> tuple[str, trio.CancelScope]:
+    """Start a server in its own cancel scope (cancel it to kill the node); returns (url, scope)."""
+    scope = trio.CancelScope()
+
+    async def run(task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        with scope:
+            await serve_weights(store, "127.0.0.1", 0, rate_limit_bytes_per_s=rate, task_status=task_status)
+
+    port = await nursery.start(run)
+    return f"http://127.0.0.1:{port}", scope
+
+
+async def test_origin_relay_client_byte_exact(tmp_path: Path) -> None:
+    src = _checkpoint(tmp_path, 3 * 1024 * 1024 + 17)
+    origin = WeightStore(tmp_path / "origin")
+    m = origin.publish(src, 1, shard_size=SHARD)
+    async with trio.open_nursery() as nursery:
+        origin_url, _ = await _serve(nursery, origin)
+        relay_store = WeightStore(tmp_path / "relay")
+        relay = Relay(relay_store, [origin_url])
+        await nursery.start(relay.run)
+        relay_url, _ = await _serve(nursery, relay_store)
+        relay.announce(1, m.manifest_hash())
+        stats = DownloadStats()
+        out = await download(1, m.manifest_hash(), [relay_url], tmp_path / "worker", stats=stats, timeout=30)
+        assert out == tmp_path / "worker" / "1" / "model.safetensors"
+        assert out.read_bytes() == src.read_bytes()
+        assert sorted(stats.fetched) == list(range(len(m.shards)))
+        assert not (tmp_path / "worker" / "1" / "shards").exists()
+        assert await relay.wait(1, 10) and relay_store.complete(1)
+        async with httpx.AsyncClient() as http:
+            info = (await http.get(f"{relay_url}/versions")).json()["versions"]
+            assert info == [
+                {"version": 1, "manifest_hash": m.manifest_hash(), "shards": 25, "have": 25, "complete": True}
+            ]
+            assert (await http.get(f"{relay_url}/v/1/manifest.json")).content == m.to_json()
+            assert (await http.get(f"{relay_url}/v/2/manifest.json")).status_code == 404
+            assert (await http.get(f"{relay_url}/v/1/shard/99")).status_code == 404
+            assert (await http.get(f"{relay_url}/nope")).status_code == 404
+            assert (await http.post(f"{relay_url}/versions")).status_code == 405
+            big = await http.get(f"{relay_url}/versions", headers={"X-Big": "a" * 20_000})
+            assert big.status_code in (400, 431)
+        # a second download of the same version is served from disk
+        again = DownloadStats()
+        await download(1, m.manifest_hash(), [relay_url], tmp_path / "worker", stats=again, timeout=10)
+        assert again.fetched == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_on_demand_relay_pipelines(tmp_path: Path) -> None:
+    """A relay without prefetch fetches what is asked for; a relay that is still fetching makes clients wait."""
+    src = _checkpoint(tmp_path, 1024 * 1024)
+    origin = WeightStore(tmp_path / "origin")
+    m = origin.publish(src, 5, shard_size=SHARD)
+    async with trio.open_nursery() as nursery:
+        origin_url, _ = await _serve(nursery, origin, rate=2_000_000)
+        relay_store = WeightStore(tmp_path / "relay")
+        relay = Relay(relay_store, [origin_url], prefetch=False)
+        await nursery.start(relay.run)
+        relay_url, _ = await _serve(nursery, relay_store)
+        relay.announce(5, m.manifest_hash())
+        out = await download(5, m.manifest_hash(), [relay_url], tmp_path / "w", timeout=30)
+        assert out.read_bytes() == src.read_bytes()
+        assert relay_store.complete(5)
+        nursery.cancel_scope.cancel()
+
+
+async def test_corrupt_source_detected_and_refetched(tmp_path: Path) -> None:
+    src = _checkpoint(tmp_path, 2 * 1024 * 1024)
+    good = WeightStore(tmp_path / "good")
+    m = good.publish(src, 3, shard_size=SHARD)
+    bad = WeightStore(tmp_path / "bad")
+    assert bad.publish(src, 3, shard_size=SHARD).manifest_hash() == m.manifest_hash()
+    for i in range(len(m.shards)):  # same sizes, wrong bytes, served as if fine
+        p = shard_file(tmp_path / "bad" / "3", i)
+        data = bytearray(p.read_bytes())
+        data[0] ^= 0xFF
+        p.write_bytes(bytes(data))
+    async with trio.open_nursery() as nursery:
+        bad_url, _ = await _serve(nursery, bad)
+        good_url, _ = await _serve(nursery, good)
+        stats = DownloadStats()
+        out = await download(3, m.manifest_hash(), [bad_url, good_url], tmp_path / "w", parallel=2, stats=stats)
+        assert out.read_bytes() == src.read_bytes()
+        assert stats.corrupt >= 1 and stats.sources[bad_url].corrupt >= 1
+        assert stats.sources[bad_url].shards == 0  # nothing from the bad source was kept
+        # with only the bad source, nothing is ever assembled
+        with pytest.raises(DownloadError, match=r"supply|failed"):
+            await download(3, m.manifest_hash(), [bad_url], tmp_path / "w2", timeout=20)
+        assert not (tmp_path / "w2" / "3" / "model.safetensors").exists()
+        assert not list((tmp_path / "w2" / "3" / "shards").iterdir())
+        nursery.cancel_scope.cancel()
+
+
+async def test_relay_dies_client_finishes_from_origin(tmp_path: Path) -> None:
+    src = _checkpoint(tmp_path, 4 * 1024 * 1024)
+    origin = WeightStore(tmp_path / "origin")
+    m = origin.publish(src, 1, shard_size=SHARD)
+    async with trio.open_nursery() as nursery:
+        origin_url, _ = await _serve(nursery, origin, rate=3_000_000)
+        relay_store = WeightStore(tmp_path / "relay")
+        relay = Relay(relay_store, [origin_url])
+        relay_scope = trio.CancelScope()
+
+        async def run_relay(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            with relay_scope:
+                await relay.run(task_status=task_status)
+
+        await nursery.start(run_relay)
+        relay_url, relay_server = await _serve(nursery, relay_store, rate=3_000_000)
+        relay.announce(1, m.manifest_hash())
+
+        async def kill_relay() -> None:
+            await trio.sleep(0.6)
+            relay_server.cancel()
+            relay_scope.cancel()
+
+        nursery.start_soon(kill_relay)
+        stats = DownloadStats()
+        out = await download(1, m.manifest_hash(), [relay_url, origin_url], tmp_path / "w", stats=stats, timeout=30)
+        assert out.read_bytes() == src.read_bytes()
+        assert stats.failures >= 1 and stats.sources[origin_url].shards > 0
+        assert not relay_store.complete(1)
+        nursery.cancel_scope.cancel()
+
+
+async def test_wrong_manifest_hash_refused(tmp_path: Path) -> None:
+    src = _checkpoint(tmp_path, 300_000)
+    origin = WeightStore(tmp_path / "origin")
+    m = origin.publish(src, 2, shard_size=SHARD)
+    async with trio.open_nursery() as nursery:
+        url, _ = await _serve(nursery, origin)
+        with pytest.raises(DownloadError, match="hash differs"):
+            await download(2, "ab" * 32, [url], tmp_path / "w", timeout=10)
+        assert not (tmp_path / "w" / "2").exists()
+        relay_store = WeightStore(tmp_path / "relay")
+        relay = Relay(relay_store, [url])
+        await nursery.start(relay.run)
+        relay.announce(2, "cd" * 32)
+        assert not await relay.wait(2, 10)
+        assert relay_store.versions() == [] and "hash differs" in relay.errors[2]
+        nursery.cancel_scope.cancel()
+    assert Manifest.from_json(origin.manifest_bytes(2) or b"") == m
+
+
+async def test_interrupted_download_resumes(tmp_path: Path) -> None:
+    src = _checkpoint(tmp_path, 2 * 1024 * 1024)
+    origin = WeightStore(tmp_path / "origin")
+    m = origin.publish(src, 4, shard_size=SHARD)
+    async with trio.open_nursery() as nursery:
+        url, _ = await _serve(nursery, origin, rate=2_000_000)
+        first = DownloadStats()
+        with trio.move_on_after(0.5) as cancelled:
+            await download(4, m.manifest_hash(), [url], tmp_path / "w", stats=first)
+        assert cancelled.cancelled_caught
+        shard_dir = tmp_path / "w" / "4" / "shards"
+        have = {int(p.name.split("-")[1]) for p in shard_dir.glob("shard-*")}
+        assert 0 < len(have) < len(m.shards)
+        second = DownloadStats()
+        out = await download(4, m.manifest_hash(), [url], tmp_path / "w", stats=second, timeout=30)
+        assert out.read_bytes() == src.read_bytes()
+        assert second.resumed == len(have)
+        assert sorted(second.fetched) == sorted(set(range(len(m.shards))) - have)
+        nursery.cancel_scope.cancel()
+
+
+async def test_prune_keeps_last_versions(tmp_path: Path) -> None:
+    store = WeightStore(tmp_path / "origin", keep=2)
+    manifests = {}
+    for v in range(1, 5):
+        manifests[v] = store.publish(_checkpoint(tmp_path, 10_000 + v), v, shard_size=4096)
+    assert store.versions() == [3, 4]
+    assert sorted(p.name for p in (tmp_path / "origin").iterdir()) == ["3", "4"]
+    assert WeightStore(tmp_path / "origin", keep=2).versions() == [3, 4]  # reloads from disk
+    with pytest.raises(ValueError):
+        store.publish(_checkpoint(tmp_path, 10), 4)
+    async with trio.open_nursery() as nursery:
+        url, _ = await _serve(nursery, store)
+        for v in (3, 4):
+            await download(v, manifests[v].manifest_hash(), [url], tmp_path / "w", keep=1, timeout=10)
+        assert [p.name for p in (tmp_path / "w").iterdir()] == ["4"]
+        nursery.cancel_scope.cancel()
+
+
+def test_bench_small_run() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "broadcast.py"), "--size-mb", "4", "--clients", "4", "--cap-mb-s", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["clients"] == 4 and result["size_mb"] == 4
+    assert result["bytes_verified"] == 2 * 4 * 4 * 1024 * 1024
+    assert result["speedup"] > 1
