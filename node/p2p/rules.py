@@ -168,7 +168,10 @@ DEFAULT_WEIGHTS: dict[RejectReason, float] = {
     RejectReason.POOL: 2.0,
     RejectReason.VERSION: 1.0,
     RejectReason.REPLAY: 1.0,
-    RejectReason.SKEW: 1.0,
+    # Not charged: a message arrives late through network delay, an overloaded relay or a third party
+    # re-sending it, none of which is its author's doing (under overload, charging it banned honest
+    # nodes). It is still dropped and counted.
+    RejectReason.SKEW: 0.0,
     RejectReason.BANNED: 0.0,
 }
 
