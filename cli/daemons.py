@@ -194,6 +194,12 @@ def _confirm(question: str) -> bool:
     help="HOST:PORT of /metrics and /status ('' disables).",
 )
 @click.option("--yes", is_flag=True, help="Do not ask before staking.")
+@click.option(
+    "--relay",
+    "relay_at",
+    default="",
+    help="HOST:PORT to also serve policy checkpoints as a relay of the weight broadcast ('' : no relay).",
+)
 @click.option("--rpc-wait", type=float, default=60.0, hidden=True, help="Seconds to retry an unreachable RPC at start.")
 @click.option(
     "--connect-wait", type=float, default=120.0, hidden=True, help="Seconds to retry an unreachable coordinator."
@@ -212,6 +218,7 @@ def join_command(
     cheat: str | None,
     metrics_at: str,
     yes: bool,
+    relay_at: str,
     rpc_wait: float,
     connect_wait: float,
     verbose: bool,
@@ -238,6 +245,9 @@ def join_command(
         rpc_wait=rpc_wait,
         connect_wait=connect_wait,
     )
+    relay = _metrics_addr(relay_at)
+    if relay is not None:
+        cfg.relay_host, cfg.relay_port = relay
     metrics = _make_metrics("worker")
     try:
         with _daemon_errors():
@@ -318,6 +328,14 @@ def validate_command(
 @click.option(
     "--eject-after", type=float, default=600.0, show_default=True, help="Eject members silent this long (0: never)."
 )
+@click.option("--train/--no-train", default=False, show_default=True, help="Train the policy with GRPO.")
+@click.option("--train-files", type=int, default=2, show_default=True, help="Rollout files per policy step.")
+@click.option("--lr", type=float, default=2e-4, show_default=True, help="Learning rate (AdamW).")
+@click.option("--async-level", type=int, default=2, show_default=True, help="Oldest usable policy: current - N.")
+@click.option(
+    "--weights", "weights_at", default="127.0.0.1:0", show_default=True, help="HOST:PORT of the checkpoint origin."
+)
+@click.option("--weights-rate", type=float, help="Upload cap of the origin in bytes/s (default: none).")
 @click.option("--metrics", "metrics_at", default="127.0.0.1:9412", show_default=True)
 @click.option("--rpc-wait", type=float, default=60.0, hidden=True, help="Seconds to retry an unreachable RPC at start.")
 @click.option("-v", "--verbose", is_flag=True)
@@ -335,11 +353,18 @@ def coordinator_command(
     temperature: float,
     record_every: float,
     eject_after: float,
+    train: bool,
+    train_files: int,
+    lr: float,
+    async_level: int,
+    weights_at: str,
+    weights_rate: float | None,
     metrics_at: str,
     rpc_wait: float,
     verbose: bool,
 ) -> None:
-    """Coordinate pool POOL: invites, tasks, rollout intake, batched work records, ejections."""
+    """Coordinate pool POOL: invites, tasks, rollout intake, batched work records, ejections, and with
+    --train the GRPO trainer and the origin of the weight broadcast."""
     from pool.coordinator import Coordinator, CoordinatorConfig
 
     setup_logging(verbose)
@@ -360,7 +385,15 @@ def coordinator_command(
         record_every=record_every,
         eject_after=eject_after,
         rpc_wait=rpc_wait,
+        train=train,
+        train_files=train_files,
+        lr=lr,
+        async_level=async_level,
+        weights_rate=weights_rate,
     )
+    weights = _metrics_addr(weights_at)
+    if weights is not None:
+        cfg.weights_host, cfg.weights_port = weights
     metrics = _make_metrics("coordinator")
     with _daemon_errors():
         trio.run(_serve, Coordinator(cfg, key, metrics), metrics, _metrics_addr(metrics_at), "coordinator", d)

@@ -978,8 +978,12 @@ def rollout_verify(file: str, model: str | None, thresholds: str | None, dtype: 
 @click.option("--port", type=int, default=0, help="anvil port (default: a free one).")
 @click.option("--chain-id", type=int, default=31337, show_default=True, help="84532 mimics Base Sepolia.")
 @click.option("--model", default="smollm2", show_default=True, help="smollm2 (SmolLM2-135M-Instruct) or tiny.")
-@click.option("--env", "env_name", type=click.Choice(["math", "thinking-budget"]), default="math", show_default=True)
+@click.option(
+    "--env", "env_name", type=click.Choice(["math", "thinking-budget"]), default="thinking-budget", show_default=True
+)
 @click.option("--steps", type=int, default=3, show_default=True, help="Tasks each worker completes.")
+@click.option("--train/--no-train", default=True, show_default=True, help="Train the policy (GRPO) while it runs.")
+@click.option("--train-files", type=int, default=2, show_default=True, help="Rollout files per policy step.")
 @click.option("--workers", type=click.IntRange(1, 2), default=2, show_default=True, help="Honest workers.")
 @click.option("--adversary", is_flag=True, help="Add a cheating worker.")
 @click.option(
@@ -1002,6 +1006,8 @@ def devnet_cmd(
     model: str,
     env_name: str,
     steps: int,
+    train: bool,
+    train_files: int,
     workers: int,
     adversary: bool,
     adversary_kind: str,
@@ -1028,6 +1034,8 @@ def devnet_cmd(
             model=model,
             env=env_name,
             steps=steps,
+            train=train,
+            train_files=train_files,
             workers=workers,
             adversary=adversary,
             adversary_kind=adversary_kind,

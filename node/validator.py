@@ -36,6 +36,7 @@ from .p2p.blobs import fetch_blob
 from .p2p.host import P2PError
 from .p2p.membership import ChainMembership
 from .p2p.network import PoolNetwork
+from .policy import PolicyAnnouncement, PolicyBook, checkpoint_folder
 from .rollout.checks import Reason, Verdict
 from .rollout.file import RolloutFile, RolloutFormatError
 from .store import Store, settle_journal
@@ -105,6 +106,10 @@ class Validator:
         self.net: PoolNetwork | None = None
         self.coordinator_peer: str | None = None
         self.last_error = ""
+        self.book = PolicyBook()
+        for k, v in self.store.query("SELECT k, v FROM kv WHERE k LIKE 'policy:%'"):
+            self.book.hashes[int(k.split(":")[1])] = v
+        self.prefills: dict[int, Any] = {}
 
     def status(self) -> dict[str, Any]:
         counts = {r[0]: int(r[1]) for r in self.store.query("SELECT status, COUNT(*) FROM checks GROUP BY status")}
@@ -160,6 +165,7 @@ class Validator:
                     bootstrap=bootstrap,
                 )
                 async with self.net:
+                    nursery.start_soon(self._policy_loop)
                     task_status.started()
                     log.info("validating pool %d (sample rate %.2f)", cfg.pool_id, cfg.sample_rate)
                     while True:
@@ -280,6 +286,48 @@ class Validator:
             "INVALIDATED work %s of node %s: slashed %s base units (tx %s)", key[:12], node, ev["slashed"], rc.tx_hash
         )
 
+    async def _policy_loop(self) -> None:
+        assert self.net is not None
+        async for env in self.net.subscribe("policy"):
+            try:
+                ann = PolicyAnnouncement.from_body(env.body)
+            except protocol.ProtocolError:
+                continue
+            known = set(self.book.hashes)
+            self.book.update(ann)
+            for v in set(self.book.hashes) - known:
+                self.store.put(f"policy:{v}", self.book.hashes[v])
+
+    async def prefill_for(self, version: int) -> Any:
+        """The prefill model of policy `version` (downloaded and checked by hash on first use), or
+        None while its announcement or checkpoint is not available yet."""
+        from .weights.client import DownloadError, download
+
+        if version in self.prefills:
+            return self.prefills[version]
+        if version == 0:
+            return self.prefill
+        h = self.book.hashes.get(version)
+        if h is None or not self.book.sources:
+            log.info("policy version %d not announced yet; checking its work later", version)
+            return None
+        assert self.tools is not None
+        try:
+            path = await download(version, h, list(self.book.sources), self.cfg.data_dir / "weights", keep=4)
+        except DownloadError as exc:
+            log.warning("cannot fetch policy version %d yet: %s", version, exc)
+            return None
+        folder = await trio.to_thread.run_sync(
+            checkpoint_folder, self.tools.path, path, self.cfg.data_dir / "models" / f"v{version}"
+        )
+        from .inference.engine import HfPrefill
+
+        model = await trio.to_thread.run_sync(HfPrefill, folder)
+        for old in sorted(self.prefills)[:-2]:  # keep a few versions in memory
+            del self.prefills[old]
+        self.prefills[version] = model
+        return model
+
     def _save_evidence(self, key: str, verdict: dict[str, Any]) -> str:
         body = json.dumps({"work_key": key, "pool": self.cfg.pool_id, **verdict}, sort_keys=True).encode()
         digest = "0x" + hashlib.sha256(body).hexdigest()
@@ -319,11 +367,18 @@ class Validator:
             return FileVerdict(Verdict(Reason.MALFORMED, "file header names another node or pool"), []).to_dict()
         if f.header.model != self.cfg.model.split(":")[0] and f.header.model != self.cfg.model:
             return FileVerdict(Verdict(Reason.MALFORMED, f"file claims model {f.header.model}"), []).to_dict()
-        tools, prefill = self.tools, self.prefill
+        tools = self.tools
+        prefill = await self.prefill_for(int(r["policy_version"]))
+        if prefill is None:
+            return None
 
         def run() -> dict[str, Any]:
+            # one batched forward pass for the whole file (same math as one at a time, much faster)
+            pairs = [(list(s.prompt_tokens), list(s.completion_tokens)) for s in f.samples if s.completion_tokens]
+            done = {(tuple(p), tuple(c)): r for (p, c), r in zip(pairs, prefill.prefill_many(pairs), strict=True)}
+
             def fn(prompt: list[int], completion: list[int]) -> Any:
-                p = prefill.prefill(prompt, completion)
+                p = done.get((tuple(prompt), tuple(completion))) or prefill.prefill(prompt, completion)
                 return p.hidden, p.logprobs
 
             return verify_file(

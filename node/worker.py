@@ -34,6 +34,7 @@ from .p2p.blobs import upload_blob
 from .p2p.host import P2PError
 from .p2p.membership import ChainMembership
 from .p2p.network import PoolNetwork
+from .policy import PolicyAnnouncement, PolicyBook
 from .rollout.file import RolloutFile, RolloutHeader, work_key
 from .store import Store, settle_journal
 from .tasks.math import get_env
@@ -74,6 +75,9 @@ class WorkerConfig:
     claim_every: float = 5.0
     connect_wait: float = 120.0
     rpc_wait: float = 60.0
+    relay_host: str = "127.0.0.1"
+    relay_port: int | None = None
+    policy_wait: float = 300.0
 
 
 class Declined(Exception):
@@ -109,6 +113,15 @@ class Worker:
         self.claimed_tokens = int(self.store.get("claimed_tokens", "0") or 0)
         self.stake_now = 0
         self.last_error = ""
+        self.book = PolicyBook()
+        self.loaded_version = 0
+        self.downloaded: dict[int, Path] = {}
+        self._downloading: set[int] = set()
+        self._new_download = trio.Event()
+        self.relay: Any = None
+        self._relay_store: Any = None
+        self.relay_url: str | None = None
+        self._nursery: trio.Nursery | None = None
 
     # ------------------------------------------------------------------ status
 
@@ -128,6 +141,9 @@ class Worker:
             "units_accepted": units,
             "claimed_tokens": self.claimed_tokens,
             "stake": self.stake_now,
+            "policy_version": self.loaded_version,
+            "policy_announced": self.book.latest,
+            "relay": self.relay_url,
             "peers": len(self.net.node.peers) if self.net else 0,
             "txs": self.store.journal.counts(),
             "last_error": self.last_error,
@@ -167,6 +183,10 @@ class Worker:
                     bootstrap=bootstrap,
                 )
                 async with self.net:
+                    self._nursery = nursery
+                    if cfg.relay_port is not None:
+                        await self._start_relay(nursery)
+                    nursery.start_soon(self._policy_loop)
                     await self.connect_coordinator()
                     await self.ensure_member()
                     task_status.started()
@@ -322,6 +342,10 @@ class Worker:
         while self.cfg.steps <= 0 or self.accepted_count() < self.cfg.steps:
             self.phase = "requesting a task"
             reply = await self._request(protocol.TASK_PROTOCOL, {}, "task request")
+            if "task" not in reply:  # the coordinator throttles generation to what its trainer can use
+                self.phase = str(reply.get("reason", "waiting for a task"))[:60]
+                await trio.sleep(min(30.0, max(0.5, float(reply.get("retry_after", 2.0)))))
+                continue
             task = protocol.Task.from_wire(reply.get("task"))
             self.phase = f"generating task {task.task_id}"
             data = await self.generate(task)
@@ -410,6 +434,7 @@ class Worker:
         if self.engine is None or self.engine_model != model:
             self.phase = f"loading model {model}"
             await trio.to_thread.run_sync(self._load_engine, model, noise)
+        version = await self.ensure_policy(task)
         assert self.tools is not None
         tools, env = self.tools, get_env(task.env)
         problems = env.problems(task.seed, task.prompts)
@@ -425,7 +450,7 @@ class Worker:
         header = RolloutHeader(
             pool_id=task.pool_id,
             node=self.node.address,
-            policy_version=task.policy_version,
+            policy_version=version,
             env=task.env,
             task_seed=task.seed,
             sampling=dict(s),
@@ -440,15 +465,102 @@ class Worker:
 
         return await trio.to_thread.run_sync(work)
 
+    # ------------------------------------------------------------------ policy versions
+
+    async def _start_relay(self, nursery: trio.Nursery) -> None:
+        from .weights.server import WeightStore, serve_weights
+
+        self._relay_store = WeightStore(self.cfg.data_dir / "relay", keep=3)
+        port = await nursery.start(serve_weights, self._relay_store, self.cfg.relay_host, self.cfg.relay_port)
+        self.relay_url = f"http://{self.cfg.relay_host}:{port}"
+        log.info("serving policy checkpoints as a relay at %s", self.relay_url)
+
+    async def _policy_loop(self) -> None:
+        assert self.net is not None
+        async for env in self.net.subscribe("policy"):
+            try:
+                ann = PolicyAnnouncement.from_body(env.body)
+            except protocol.ProtocolError as exc:
+                log.warning("ignoring a policy announcement: %s", exc)
+                continue
+            self.book.update(ann)
+            upstreams = [u.rstrip("/") for u in ann.sources if u != self.relay_url]
+            if self.relay_url is not None and upstreams:
+                if self.relay is None:  # the relay starts with the first upstreams it hears of
+                    from .weights.server import Relay
+
+                    assert self._nursery is not None
+                    self.relay = Relay(self._relay_store, upstreams)
+                    await self._nursery.start(self.relay.run)
+                else:
+                    self.relay.upstreams = upstreams
+            v = self.book.latest
+            if v > 0 and v not in self.downloaded and v not in self._downloading and v in self.book.hashes:
+                assert self._nursery is not None
+                self._downloading.add(v)
+                self._nursery.start_soon(self._download, v)
+
+    async def _download(self, version: int) -> None:
+        from .weights.client import DownloadError, download
+
+        h = self.book.hashes[version]
+        try:
+            sources = [u for u in self.book.sources if u != self.relay_url]
+            if self.relay is not None:
+                self.relay.announce(version, h)
+                if await self.relay.wait(version, 300.0):
+                    sources = [self.relay_url, *sources]  # type: ignore[list-item]
+            started = time.monotonic()
+            path = await download(version, h, sources, self.cfg.data_dir / "weights", keep=4)
+            self.downloaded[version] = path
+            for old in [v for v in self.downloaded if v < version - 4]:
+                self.downloaded.pop(old, None)
+            log.info("policy version %d downloaded and verified in %.1f s", version, time.monotonic() - started)
+            self._new_download.set()
+            self._new_download = trio.Event()
+        except DownloadError as exc:
+            log.warning("download of policy version %d failed: %s", version, exc)
+        finally:
+            self._downloading.discard(version)
+
+    async def ensure_policy(self, task: protocol.Task) -> int:
+        """Load the newest checkpoint that is fresh enough for `task` (hot reload, no restart);
+        wait (bounded) for a download when the loaded one is too old. Returns the version in use."""
+        deadline = trio.current_time() + self.cfg.policy_wait
+        while True:
+            usable = [v for v in self.downloaded if task.min_policy_version <= v <= task.policy_version]
+            best = max(usable, default=None)
+            if best is not None and best > self.loaded_version:
+                if self.cfg.cheat != "model":  # the model cheater keeps its own weights and lies
+                    self.phase = f"loading policy version {best}"
+                    await trio.to_thread.run_sync(self.engine.reload_weights, self.downloaded[best])
+                self.loaded_version = best
+                log.info("now generating with policy version %d", best)
+            if task.min_policy_version <= self.loaded_version <= task.policy_version:
+                return self.loaded_version
+            if trio.current_time() > deadline:
+                raise ChainError(
+                    f"policy version {task.min_policy_version}+ not available after {self.cfg.policy_wait:.0f} s",
+                    "check that the coordinator's weight server and relays are reachable",
+                )
+            self.phase = f"waiting for policy version {task.min_policy_version}"
+            with trio.move_on_after(5.0):
+                await self._new_download.wait()
+
     # ------------------------------------------------------------------ background
 
     async def _heartbeat_loop(self) -> None:
         assert self.net is not None
         while True:
             try:
-                await self.net.publish(
-                    "heartbeat", protocol.pack({"accepted": self.accepted_count(), "phase": self.phase})
-                )
+                body: dict[str, Any] = {
+                    "accepted": self.accepted_count(),
+                    "phase": self.phase,
+                    "policy": self.loaded_version,
+                }
+                if self.relay_url:
+                    body["relay"] = self.relay_url
+                await self.net.publish("heartbeat", protocol.pack(body))
                 self._count("heartbeats")
             except Exception as exc:
                 log.debug("heartbeat failed: %r", exc)

@@ -12,8 +12,11 @@ recorded, so a restart neither loses an accepted rollout nor records one twice.
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import secrets
+import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -31,10 +34,12 @@ from node.p2p.blobs import BlobStore, serve_blobs
 from node.p2p.envelope import Envelope
 from node.p2p.membership import ChainMembership
 from node.p2p.network import PoolNetwork
+from node.policy import HISTORY, PolicyAnnouncement, announcement_sources, parse_heartbeat
 from node.rollout.file import RolloutFile, RolloutFormatError
 from node.store import Store, settle_journal
 from node.tasks.math import get_env
 from node.toploc import proof_commitment
+from node.weights.server import WeightStore, serve_weights
 
 log = logging.getLogger("intellect.coordinator")
 
@@ -59,11 +64,23 @@ CREATE TABLE IF NOT EXISTS rollouts (
     accepted_at REAL NOT NULL,
     status TEXT NOT NULL DEFAULT 'accepted',   -- accepted | recorded | dropped
     tx TEXT,
-    note TEXT
+    note TEXT,
+    trained INTEGER NOT NULL DEFAULT 0         -- 0 not yet | 1 trained on | -1 too stale, never trained on
 );
 CREATE INDEX IF NOT EXISTS rollouts_status ON rollouts(status);
 CREATE TABLE IF NOT EXISTS rejections (
     at REAL NOT NULL, node TEXT NOT NULL, reason TEXT NOT NULL, detail TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS steps (
+    version INTEGER PRIMARY KEY,               -- the version this step produced
+    mean_reward REAL NOT NULL,
+    files INTEGER NOT NULL,
+    samples INTEGER NOT NULL,
+    stale INTEGER NOT NULL,
+    versions TEXT NOT NULL,                    -- policy versions of the rollouts trained on
+    seconds REAL NOT NULL,
+    manifest_hash TEXT NOT NULL,
+    at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS invites (
     node TEXT PRIMARY KEY, nonce TEXT NOT NULL, expiry INTEGER NOT NULL, signature TEXT NOT NULL
@@ -93,6 +110,13 @@ class CoordinatorConfig:
     policy_version: int = 0
     max_rollout_bytes: int = 16 * 1024 * 1024
     rpc_wait: float = 60.0
+    train: bool = False
+    train_files: int = 2
+    lr: float = 2e-4
+    weights_host: str = "127.0.0.1"
+    weights_port: int = 0
+    weights_rate: float | None = None
+    keep_checkpoints: int = 4
 
 
 class Coordinator:
@@ -112,6 +136,11 @@ class Coordinator:
         self.started_at = time.time()
         self.ready = trio.Event()
         self.last_error = ""
+        self.trainer: Any = None
+        self.weights = WeightStore(cfg.data_dir / "weights", keep=cfg.keep_checkpoints)
+        self.origin_url: str | None = None
+        self.relays: dict[str, float] = {}
+        self._announce_now = trio.Event()
 
     # ------------------------------------------------------------------ status
 
@@ -137,10 +166,26 @@ class Coordinator:
             "rejected": dict(self.rejected),
             "mean_reward": rewards[0][0] if rewards and rewards[0][0] is not None else None,
             "policy_version": self.cfg.policy_version,
+            "training": self.cfg.train,
+            "reward_curve": [
+                round(float(r[0]), 4) for r in self.store.query("SELECT mean_reward FROM steps ORDER BY version")
+            ],
+            "trained_versions": [
+                json.loads(r[0]) for r in self.store.query("SELECT versions FROM steps ORDER BY version")
+            ],
+            "stale_never_trained": int(self.store.scalar("SELECT COUNT(*) FROM rollouts WHERE trained = -1") or 0),
+            "relays": sorted(self.relays),
+            "rollout_versions": self._rollout_versions(),
             "txs": self.store.journal.counts(),
             "gossip_rejected": {str(k): v for k, v in self.net.rejected.items()} if self.net else {},
             "last_error": self.last_error,
         }
+
+    def _rollout_versions(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for node, v in self.store.query("SELECT node, policy_version FROM rollouts ORDER BY accepted_at"):
+            out.setdefault(node, []).append(int(v))
+        return out
 
     def _count(self, name: str, value: float = 1.0, **labels: str) -> None:
         count(self.metrics, name, value, **labels)
@@ -168,9 +213,22 @@ class Coordinator:
                     "start it with `intellect-node pool start`",
                 )
             self.tools = await trio.to_thread.run_sync(model_tools, cfg.model)
+            cfg.policy_version = int(self.store.get("policy_version", "0") or 0)
             self.membership = ChainMembership(self.chain, cfg.pool_id, interval=1.0)
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.membership.run)
+                if cfg.train:
+                    port = await nursery.start(
+                        functools.partial(
+                            serve_weights, self.weights, cfg.weights_host, cfg.weights_port,
+                            rate_limit_bytes_per_s=cfg.weights_rate,
+                        )
+                    )  # fmt: skip
+                    self.origin_url = f"http://{cfg.weights_host}:{port}"
+                    self.trainer = await trio.to_thread.run_sync(self._load_trainer)
+                    log.info(
+                        "training on: policy version %d, weights served at %s", cfg.policy_version, self.origin_url
+                    )
                 self.net = PoolNetwork(
                     private_key=bytes(self.key.key),
                     pool=cfg.pool_id,
@@ -186,6 +244,8 @@ class Coordinator:
                     nursery.start_soon(self._heartbeat_loop)
                     nursery.start_soon(self._eject_loop)
                     nursery.start_soon(self._policy_loop)
+                    if cfg.train:
+                        nursery.start_soon(self._train_loop)
                     log.info("coordinator of pool %d listening on %s", cfg.pool_id, ", ".join(self.net.listen_addrs))
                     self.ready.set()
                     task_status.started(self.net.listen_addrs)
@@ -261,6 +321,10 @@ class Coordinator:
         )
         if row is not None:  # the open task again: asking twice never yields a second seed to pick from
             return protocol.ok(task=protocol.unpack(bytes.fromhex(row["body"]), "task"))
+        if cfg.train and self.backlog(now) >= cfg.train_files * (cfg.async_level + 1):
+            # Asynchrony is bounded: no more work is handed out than the trainer can consume before the
+            # policy moves `async_level` versions on; workers wait instead of generating stale rollouts.
+            return protocol.ok(retry_after=2.0, reason="waiting for the trainer")
         task = protocol.Task(
             task_id="t-" + secrets.token_hex(8),
             pool_id=cfg.pool_id,
@@ -274,6 +338,7 @@ class Coordinator:
             model=cfg.model,
             issued_at=now,
             expires_at=now + cfg.task_ttl,
+            min_policy_version=max(0, cfg.policy_version - cfg.async_level),
         )
         body = protocol.pack(task.to_wire())
         self.store.execute(
@@ -282,6 +347,14 @@ class Coordinator:
         )
         self._count("tasks_issued")
         return protocol.ok(task=task.to_wire())
+
+    def backlog(self, now: float) -> int:
+        """Rollouts the trainer has not consumed yet: accepted-untrained plus tasks still open."""
+        untrained = self.store.scalar(
+            "SELECT COUNT(*) FROM rollouts WHERE trained = 0 AND status IN ('accepted', 'recorded')"
+        )
+        open_tasks = self.store.scalar("SELECT COUNT(*) FROM tasks WHERE status = 'issued' AND expires_at > ?", (now,))
+        return int(untrained or 0) + int(open_tasks or 0)
 
     def _reject(self, sender: str, reason: str, detail: str) -> bytes:
         self.rejected[reason] += 1
@@ -404,7 +477,11 @@ class Coordinator:
             self._on_heartbeat(env)
 
     def _on_heartbeat(self, env: Envelope) -> None:
-        self.heartbeats[env.sender] = time.time()
+        now = time.time()
+        self.heartbeats[env.sender] = now
+        relay = parse_heartbeat(env.body).get("relay")
+        if isinstance(relay, str) and relay.startswith("http://") and len(relay) < 200:
+            self.relays[relay] = now
         self._count("heartbeats")
 
     async def _eject_loop(self) -> None:
@@ -429,13 +506,112 @@ class Coordinator:
                     log.warning("ejecting %s failed: %s", node, exc)
                 self.heartbeats.pop(node, None)
 
+    def announcement(self) -> PolicyAnnouncement:
+        rows = self.store.query("SELECT version, manifest_hash FROM steps ORDER BY version DESC LIMIT ?", (HISTORY,))
+        history = {int(r[0]): str(r[1]) for r in rows}
+        v = self.cfg.policy_version
+        return PolicyAnnouncement(
+            version=v,
+            model=self.cfg.model,
+            manifest_hash=history.get(v, ""),
+            sources=announcement_sources(self.origin_url, self.relays, time.time()) if self.cfg.train else [],
+            history=history,
+        )
+
     async def _policy_loop(self) -> None:
         assert self.net is not None
         while True:
             try:
-                await self.net.publish(
-                    "policy", protocol.pack({"version": self.cfg.policy_version, "model": self.cfg.model})
-                )
+                await self.net.publish("policy", self.announcement().to_body())
             except Exception as exc:  # no peers yet, or shutting down
                 log.debug("policy announcement failed: %r", exc)
-            await trio.sleep(10.0)
+            with trio.move_on_after(5.0):
+                await self._announce_now.wait()
+            self._announce_now = trio.Event()
+
+    # ------------------------------------------------------------------ training
+
+    def _load_trainer(self) -> Any:
+        from pool.grpo import Trainer
+
+        assert self.tools is not None
+        v = self.cfg.policy_version
+        source = self.cfg.data_dir / "checkpoints" / f"v{v}" if v > 0 else self.tools.path
+        return Trainer(source, lr=self.cfg.lr, async_level=self.cfg.async_level, seed=v)
+
+    async def _train_loop(self) -> None:
+        while True:
+            await trio.sleep(1.0)
+            try:
+                await self.train_step()
+            except Exception as exc:
+                self.last_error = f"training: {exc!r}"
+                log.exception("training step failed (will retry)")
+                await trio.sleep(5.0)
+
+    async def train_step(self) -> bool:
+        """One GRPO step on the oldest untrained rollouts, if there are enough; publishes the new version.
+
+        Rollouts more than `async_level` versions behind are marked stale and never trained on. The
+        new version is committed (rows marked trained, the step recorded, the version bumped) in one
+        sqlite transaction after its checkpoint is saved and published; a crash before that commit
+        retrains the same rollouts, a crash after it only delays the announcement."""
+        cfg = self.cfg
+        v = cfg.policy_version
+        self.store.execute(
+            "UPDATE rollouts SET trained = -1 WHERE trained = 0 AND policy_version < ?", (v - cfg.async_level,)
+        )
+        rows = self.store.query(
+            "SELECT work_key FROM rollouts WHERE trained = 0 AND status IN ('accepted', 'recorded') "
+            "ORDER BY accepted_at LIMIT ?",
+            (cfg.train_files,),
+        )
+        if len(rows) < cfg.train_files:
+            return False
+        keys = [r[0] for r in rows]
+        files = []
+        for k in keys:
+            data = self.blobs.get(k)
+            if data is not None:
+                files.append(RolloutFile.from_bytes(data, max_bytes=cfg.max_rollout_bytes))
+        stats = await trio.to_thread.run_sync(self.trainer.step, files, v)
+        new = v + 1
+        ckpt = await trio.to_thread.run_sync(self.trainer.save, cfg.data_dir / "checkpoints" / f"v{new}")
+        manifest = await trio.to_thread.run_sync(self.weights.publish, ckpt / "model.safetensors", new)
+        versions = sorted({f.header.policy_version for f in files})
+        self.store.execute_many(
+            [("UPDATE rollouts SET trained = 1 WHERE work_key = ?", (k,)) for k in keys]
+            + [
+                (
+                    "INSERT OR REPLACE INTO steps(version, mean_reward, files, samples, stale, versions, seconds, "
+                    "manifest_hash, at) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        new,
+                        float(stats.mean_reward),
+                        len(files),
+                        int(stats.samples_trained),
+                        int(stats.stale_rejected),
+                        json.dumps(versions),
+                        float(stats.seconds),
+                        manifest.manifest_hash(),
+                        time.time(),
+                    ),
+                ),
+                (
+                    "INSERT INTO kv(k, v) VALUES('policy_version', ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v",
+                    (str(new),),
+                ),
+            ]
+        )
+        cfg.policy_version = new
+        if self.metrics is not None:
+            self.metrics.policy_version.set(new)
+        self._announce_now.set()
+        for old in sorted((cfg.data_dir / "checkpoints").glob("v*")):
+            if old.name[1:].isdigit() and int(old.name[1:]) <= new - cfg.keep_checkpoints:
+                shutil.rmtree(old, ignore_errors=True)
+        log.info(
+            "policy step -> version %d: mean reward %.3f over %d files (versions %s), %d samples trained, %.1f s",
+            new, stats.mean_reward, len(files), versions, stats.samples_trained, stats.seconds,
+        )  # fmt: skip
+        return True

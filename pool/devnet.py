@@ -64,7 +64,9 @@ class DevnetOptions:
     window: int = 24 * 3600
     chain_only: bool = False
     model: str = "smollm2"
-    env: str = "math"
+    env: str = "thinking-budget"
+    train: bool = True
+    train_files: int = 2
     steps: int = 3
     workers: int = 2
     adversary: bool = False
@@ -225,7 +227,10 @@ def make_procs(opts: DevnetOptions, url: str, roles: Roles, pool_id: int, coord_
         "coordinator",
         "coordinator",
         ["coordinator", "--pool", str(pool_id), "--listen", f"/ip4/127.0.0.1/tcp/{coord_port}",
-         "--model", opts.model, "--env", opts.env, "--record-every", "2", "--eject-after", "900"],
+         "--model", opts.model, "--env", opts.env, "--record-every", "2", "--eject-after", "900",
+         "--weights", f"127.0.0.1:{free_port()}", "--train-files", str(opts.train_files),
+         "--train" if opts.train else "--no-train", "--group-size", "8", "--max-tokens", "48",
+         "--lr", "3e-3" if opts.model.startswith("tiny") else "1e-5"],
         roles.coordinator,
     )  # fmt: skip
     add(
@@ -243,6 +248,8 @@ def make_procs(opts: DevnetOptions, url: str, roles: Roles, pool_id: int, coord_
         args = ["join", "--pool", str(pool_id), "--listen", "/ip4/127.0.0.1/tcp/0", "--steps", str(opts.steps), "--yes"]
         if cheat:
             args += ["--cheat", opts.adversary_kind]
+        elif i == 0 and opts.train:
+            args += ["--relay", f"127.0.0.1:{free_port()}"]  # the first worker also relays checkpoints
         add("cheater" if cheat else f"worker{i + 1}", "worker", args, provider, node)
     return procs
 
@@ -261,15 +268,15 @@ def status_line(p: Proc) -> str:
     if p.role == "worker":
         return (
             f"{p.name:<11} {s.get('phase', '?')[:38]:<38} accepted {s.get('accepted', 0)}/{s.get('steps', '?')}"
-            f"  claimed {tokens(int(s.get('claimed_tokens', 0)))}"
+            f"  policy v{s.get('policy_version', 0)}  claimed {tokens(int(s.get('claimed_tokens', 0)))}"
         )
     if p.role == "coordinator":
         r = s.get("rollouts", {})
-        mr = s.get("mean_reward")
+        curve = s.get("reward_curve", [])
         return (
             f"{p.name:<11} members {len(s.get('members', []))}  accepted {r.get('accepted', 0)}"
             f"  recorded {r.get('recorded', 0)}  rejected {sum(s.get('rejected', {}).values())}"
-            f"  mean reward {mr if mr is None else round(mr, 3)}"
+            f"  policy v{s.get('policy_version', 0)}  reward/step {' '.join(f'{x:.2f}' for x in curve[-6:]) or '-'}"
         )
     c = s.get("checks", {})
     return (
@@ -392,6 +399,14 @@ def build_report(opts: DevnetOptions, roles: Roles, pool_id: int, procs: list[Pr
         "nodes": nodes,
         "validator": next(p for p in procs if p.role == "validator").status.get("checks", {}),
         "coordinator": {k: coord.status.get(k) for k in ("rollouts", "rejected", "mean_reward", "txs")},
+        "training": {
+            "enabled": opts.train,
+            "policy_version": coord.status.get("policy_version", 0),
+            "reward_curve": coord.status.get("reward_curve", []),
+            "trained_versions": coord.status.get("trained_versions", []),
+            "stale_never_trained": coord.status.get("stale_never_trained", 0),
+            "rollout_versions": coord.status.get("rollout_versions", {}),
+        },
         "audit": {
             "consistent": rep.consistent,
             "mismatches": rep.mismatches,
@@ -451,6 +466,13 @@ def run_devnet(opts: DevnetOptions) -> dict[str, Any]:
             report["ok"] = not problems
             report["problems"] = problems
             summary = report
+            curve = report["training"]["reward_curve"]
+            if curve:
+                from .plot import line_chart
+
+                png = (opts.report or opts.workdir / "report.json").with_suffix(".reward.png")
+                line_chart(curve, png, title=f"devnet mean reward per policy step ({opts.env}, {opts.model})")
+                report["training"]["reward_plot"] = str(png)
             if opts.report is not None:
                 opts.report.write_text(json.dumps(report, indent=2, default=str) + "\n")
             print_summary(report, say)
@@ -508,6 +530,12 @@ def print_summary(report: dict[str, Any], say: Any) -> None:
         )
         for s in n["slashes"]:
             say(f"            slash {tokens(s['amount'])} for work {s['work_key'][:14]}... in tx {s['tx']}")
+    t = report.get("training", {})
+    if t.get("enabled"):
+        curve = " ".join(f"{x:.3f}" for x in t.get("reward_curve", []))
+        say(f"  training: policy version {t.get('policy_version')}, mean reward per step: {curve or '-'}")
+        if t.get("reward_plot"):
+            say(f"  reward curve plotted in {t['reward_plot']}")
     a = report["audit"]
     say(f"  audit: {'consistent' if a['consistent'] else 'MISMATCHES: ' + '; '.join(a['mismatches'][:3])}")
     if report["problems"]:

@@ -1,4 +1,5 @@
-"""The devnet as a newcomer runs it: `intellect-node devnet --model tiny --adversary --steps 3 --report r.json`.
+"""The devnet as a newcomer runs it: `intellect-node devnet --model tiny --adversary --steps 3 --report r.json`
+(training on: the coordinator runs GRPO and broadcasts each new policy version).
 
 Everything is real and separate: anvil with the compiled contracts, a coordinator, a validator, two
 honest workers and a cheating worker (another model's weights), each its own process with its own
@@ -52,5 +53,14 @@ def test_devnet_with_adversary_end_to_end(tmp_path: Path) -> None:
     assert audit["consistent"], audit["mismatches"]
     assert audit["providers"][cheat["provider"]]["slashed"] == cheat["slashed_tokens"]
     assert report["validator"].get("ok", 0) >= 6
+    # the pool trained while it ran: versions advanced, workers hot-reloaded them (honest rollouts of
+    # versions > 0 were verified against the downloaded checkpoints), and no step trained on a rollout
+    # more than async_level (2) versions older than the policy it updated
+    t = report["training"]
+    assert t["enabled"] and t["policy_version"] >= 2 and len(t["reward_curve"]) == t["policy_version"]
+    assert all(v >= base - 2 for base, versions in enumerate(t["trained_versions"]) for v in versions)
+    honest_versions = [v for n in ("worker1", "worker2") for v in t["rollout_versions"][nodes[n]["node"]]]
+    assert max(honest_versions) >= 1
+    assert Path(t["reward_plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "devnet summary" in p.stdout and "outcome as expected" in p.stdout
     print(f"devnet with adversary took {elapsed:.0f} s")
