@@ -11,7 +11,7 @@ one invocation on a fresh origin with the same random checkpoint:
 The time of a phase runs from the announcement to the last client's verified, assembled file. Prints one
 JSON line: ``{"size_mb", "clients", "cap_mb_s", "origin_only_s", "tree_s", "speedup", "bytes_verified", ...}``.
 
-    python bench/broadcast.py                      # 200 MB, 8 clients, 40 MB/s
+    python bench/broadcast.py                      # 200 MB, 8 clients, 4 relays, 10 MB/s caps
     python bench/broadcast.py --size-mb 16 --clients 4
 """
 
@@ -175,8 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mb", type=int, default=200, help="checkpoint size in MiB (random bytes)")
     ap.add_argument("--clients", type=int, default=8)
-    ap.add_argument("--relays", type=int, default=3)
-    ap.add_argument("--cap-mb-s", type=float, default=40.0, help="every node's upload cap, MiB/s")
+    ap.add_argument("--relays", type=int, default=4)
+    ap.add_argument("--cap-mb-s", type=float, default=10.0, help="every node's upload cap, MiB/s")
     ap.add_argument("--shard-mb", type=float, default=0.0, help="shard size in MiB (default: size/32, at most 4)")
     ap.add_argument(
         "--parallel", type=int, default=0, help="concurrent shard fetches per client (default 2 per source)"
