@@ -15,7 +15,8 @@ import trio
 
 from node import keys
 from node.chain import ChainError
-from node.daemon import parse_bootstrap, setup_logging, until_signal
+from node.daemon import setup_logging, until_signal
+from node.p2p.discovery import parse_bootstrap
 from node.protocol import ProtocolError
 from node.store import StoreError
 

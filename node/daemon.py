@@ -16,7 +16,10 @@ from eth_account.signers.local import LocalAccount
 from .chain import ChainClient, ChainError, Deployment
 from .chain.errors import RpcUnavailable
 from .chain.tx import TxJournal
+from .p2p.discovery import parse_bootstrap
 from .p2p.host import eth_address_from_peer_id
+from .p2p.membership import ChainMembership
+from .p2p.network import PoolNetwork
 
 log = logging.getLogger(__name__)
 
@@ -63,16 +66,6 @@ async def retry_rpc(fn: Callable[[], Awaitable[Any]], what: str, *, wait: float 
             delay = min(delay * 2, 10.0)
 
 
-def parse_bootstrap(text: str) -> list[str]:
-    """Multiaddrs from a comma- or whitespace-separated list (the pool's on-chain `bootstrap`)."""
-    out = []
-    for part in text.replace(",", " ").split():
-        if "/p2p/" not in part:
-            raise ValueError(f"bootstrap address {part!r} has no /p2p/<peer id> part")
-        out.append(part)
-    return out
-
-
 def coordinator_addr(bootstrap: list[str], coordinator: str) -> str:
     """The bootstrap multiaddr whose peer id is the pool coordinator's key."""
     for addr in bootstrap:
@@ -87,6 +80,34 @@ def coordinator_addr(bootstrap: list[str], coordinator: str) -> str:
         "pass --coordinator-addr with the coordinator's /ip4/.../p2p/... address, or ask the pool owner to set "
         "the pool's bootstrap",
     )
+
+
+def pool_peers(configured: list[str] | None, info: dict[str, Any]) -> tuple[list[str], str]:
+    """Bootstrap multiaddrs (the configured ones, else the pool's on-chain record) and the coordinator's."""
+    try:
+        bootstrap = list(configured or []) or parse_bootstrap(str(info.get("bootstrap", "")))
+    except ValueError as exc:
+        raise ChainError(f"pool {info.get('poolId')}: bad bootstrap record: {exc}", "pass --bootstrap") from None
+    return bootstrap, coordinator_addr(bootstrap, str(info["coordinator"]))
+
+
+async def open_pool_network(
+    nursery: trio.Nursery,
+    chain: ChainClient,
+    pool_id: int,
+    private_key: bytes,
+    listen: str,
+    bootstrap: list[str] = [],  # noqa: B006 - never mutated
+    interval: float = 2.0,
+) -> tuple[ChainMembership, PoolNetwork]:
+    """Start chain-backed membership in `nursery` (returns once loaded) and build the pool's network
+    on it; the caller enters the network (`async with net`)."""
+    membership = ChainMembership(chain, pool_id, interval=interval)
+    await nursery.start(membership.run)
+    net = PoolNetwork(
+        private_key=private_key, pool=pool_id, membership=membership.snapshot, listen=listen, bootstrap=bootstrap
+    )
+    return membership, net
 
 
 @dataclass

@@ -17,6 +17,7 @@ from typing import Any
 
 import msgpack
 
+from .chain.errors import ChainError
 from .rollout.file import RolloutFile
 from .tasks.math import MathEnv
 
@@ -29,15 +30,15 @@ REWARD_TOLERANCE = 1e-6
 
 
 class ProtocolError(ValueError):
-    """A message that does not follow the protocol (malformed, wrong types, refused)."""
+    """A message that does not follow the protocol (malformed, wrong types, refused); like
+    `ChainError`, a one-line message and an optional hint."""
 
     def __init__(self, message: str, hint: str = "") -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
 
-    def __str__(self) -> str:
-        return f"{self.message}; {self.hint}" if self.hint else self.message
+    __str__ = ChainError.__str__
 
 
 def pack(obj: dict[str, Any]) -> bytes:

@@ -31,10 +31,9 @@ from . import ops, protocol
 from .chain import ChainClient, ChainError, Deployment
 from .chain.abi import topic
 from .chain.errors import RpcUnavailable
-from .daemon import ModelTools, connect_chain, coordinator_addr, count, model_tools, parse_bootstrap, retry_rpc
+from .daemon import ModelTools, connect_chain, count, model_tools, open_pool_network, pool_peers, retry_rpc
 from .p2p.blobs import fetch_blob
 from .p2p.host import P2PError
-from .p2p.membership import ChainMembership
 from .p2p.network import PoolNetwork
 from .policy import PolicyAnnouncement, PolicyBook, checkpoint_folder
 from .rollout.checks import Reason, Verdict
@@ -150,19 +149,12 @@ class Validator:
                     f"{self.key.address} does not hold the validator role",
                     "ask governance to grant it (`intellect-node validator grant`)",
                 )
-            bootstrap = cfg.bootstrap or parse_bootstrap(str(info.get("bootstrap", "")))
-            self.coordinator_peer = coordinator_addr(bootstrap, str(info["coordinator"]))
+            bootstrap, self.coordinator_peer = pool_peers(cfg.bootstrap, info)
             self.tools = await trio.to_thread.run_sync(model_tools, cfg.model)
             self.prefill = await trio.to_thread.run_sync(self._load_prefill)
-            membership = ChainMembership(self.chain, cfg.pool_id, interval=2.0)
             async with trio.open_nursery() as nursery:
-                await nursery.start(membership.run)
-                self.net = PoolNetwork(
-                    private_key=bytes(self.key.key),
-                    pool=cfg.pool_id,
-                    membership=membership.snapshot,
-                    listen=cfg.listen,
-                    bootstrap=bootstrap,
+                _, self.net = await open_pool_network(
+                    nursery, self.chain, cfg.pool_id, bytes(self.key.key), cfg.listen, bootstrap
                 )
                 async with self.net:
                     nursery.start_soon(self._policy_loop)

@@ -29,10 +29,9 @@ from .chain import ChainClient, ChainError, Deployment
 from .chain.errors import RpcUnavailable
 from .chain.messages import tokens
 from .chain.signing import Invite
-from .daemon import ModelTools, connect_chain, coordinator_addr, count, model_tools, parse_bootstrap, retry_rpc
+from .daemon import ModelTools, connect_chain, count, model_tools, open_pool_network, pool_peers, retry_rpc
 from .p2p.blobs import upload_blob
 from .p2p.host import P2PError
-from .p2p.membership import ChainMembership
 from .p2p.network import PoolNetwork
 from .policy import PolicyAnnouncement, PolicyBook
 from .rollout.file import RolloutFile, RolloutHeader, work_key
@@ -170,17 +169,10 @@ class Worker:
                 )
             await self.ensure_stake(info)
             await self.ensure_node_bound()
-            bootstrap = list(cfg.bootstrap) or parse_bootstrap(str(info.get("bootstrap", "")))
-            self.coordinator_peer = coordinator_addr(bootstrap, str(info["coordinator"]))
-            membership = ChainMembership(self.chain, cfg.pool_id, interval=2.0)
+            bootstrap, self.coordinator_peer = pool_peers(cfg.bootstrap, info)
             async with trio.open_nursery() as nursery:
-                await nursery.start(membership.run)
-                self.net = PoolNetwork(
-                    private_key=bytes(self.node.key),
-                    pool=cfg.pool_id,
-                    membership=membership.snapshot,
-                    listen=cfg.listen,
-                    bootstrap=bootstrap,
+                _, self.net = await open_pool_network(
+                    nursery, self.chain, cfg.pool_id, bytes(self.node.key), cfg.listen, bootstrap
                 )
                 async with self.net:
                     self._nursery = nursery
