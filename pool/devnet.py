@@ -230,7 +230,7 @@ def make_procs(opts: DevnetOptions, url: str, roles: Roles, pool_id: int, coord_
          "--model", opts.model, "--env", opts.env, "--record-every", "2", "--eject-after", "900",
          "--weights", f"127.0.0.1:{free_port()}", "--train-files", str(opts.train_files),
          "--train" if opts.train else "--no-train", "--group-size", "8", "--max-tokens", "48",
-         "--lr", "3e-3" if opts.model.startswith("tiny") else "1e-5"],
+         "--lr", "3e-4" if opts.model.startswith("tiny") else "1e-5"],
         roles.coordinator,
     )  # fmt: skip
     add(
