@@ -982,7 +982,11 @@ def rollout_verify(file: str, model: str | None, thresholds: str | None, dtype: 
     "--env", "env_name", type=click.Choice(["math", "thinking-budget"]), default="thinking-budget", show_default=True
 )
 @click.option("--steps", type=int, default=3, show_default=True, help="Tasks each worker completes.")
-@click.option("--train/--no-train", default=True, show_default=True, help="Train the policy (GRPO) while it runs.")
+@click.option(
+    "--train/--no-train",
+    default=None,
+    help="Train the policy (GRPO) while it runs (default: on for --model tiny or with a GPU).",
+)
 @click.option("--train-files", type=int, default=2, show_default=True, help="Rollout files per policy step.")
 @click.option("--workers", type=click.IntRange(1, 2), default=2, show_default=True, help="Honest workers.")
 @click.option("--adversary", is_flag=True, help="Add a cheating worker.")
@@ -1006,7 +1010,7 @@ def devnet_cmd(
     model: str,
     env_name: str,
     steps: int,
-    train: bool,
+    train: bool | None,
     train_files: int,
     workers: int,
     adversary: bool,

@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,7 @@ class DevnetOptions:
     chain_only: bool = False
     model: str = "smollm2"
     env: str = "thinking-budget"
-    train: bool = True
+    train: bool | None = None  # None: on for the tiny model or with a GPU (SmolLM2 steps take minutes on a CPU)
     train_files: int = 2
     steps: int = 3
     workers: int = 2
@@ -209,6 +209,7 @@ def cli_argv(*args: str) -> list[str]:
 
 
 def make_procs(opts: DevnetOptions, url: str, roles: Roles, pool_id: int, coord_port: int) -> list[Proc]:
+    opts = resolve_train(opts)
     dep = str(opts.workdir / "deployment.json")
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("INTELLECT_")}
     base_env.update({"INTELLECT_RPC_URL": url, "INTELLECT_DEPLOYMENT": dep, "PYTHONUNBUFFERED": "1"})
@@ -369,6 +370,7 @@ async def orchestrate(
 
 
 def build_report(opts: DevnetOptions, roles: Roles, pool_id: int, procs: list[Proc], rep: Any) -> dict[str, Any]:
+    opts = resolve_train(opts)
     coord = next(p for p in procs if p.role == "coordinator")
     per_node = coord.status.get("per_node", {})
     nodes = {}
@@ -435,7 +437,16 @@ def check_outcome(report: dict[str, Any]) -> list[str]:
     return problems
 
 
+def resolve_train(opts: DevnetOptions) -> DevnetOptions:
+    if opts.train is not None:
+        return opts
+    import torch
+
+    return replace(opts, train=opts.model.startswith("tiny") or torch.cuda.is_available())
+
+
 def run_devnet(opts: DevnetOptions) -> dict[str, Any]:
+    opts = resolve_train(opts)
     opts.workdir.mkdir(parents=True, exist_ok=True)
     port = opts.port or free_port()
     say = (lambda m: None) if opts.as_json else (lambda m: click.echo(m))
@@ -445,6 +456,8 @@ def run_devnet(opts: DevnetOptions) -> dict[str, Any]:
     bootstrap = f"/ip4/127.0.0.1/tcp/{coord_port}/p2p/{peer_id_of(roles.coordinator)}"
     with Anvil(port=port, chain_id=opts.chain_id, log_file=str(opts.workdir / "anvil.log")) as anvil:
         say(f"anvil running on {anvil.url} (chain id {opts.chain_id})")
+        if not opts.train:
+            say("training is off (--train turns it on; a SmolLM2 policy step takes minutes on a CPU)")
         made = trio.run(create_pool, anvil.url, opts, roles, say, bootstrap)
         pool_id = made["pool"]
         dep = made["deployment"]
