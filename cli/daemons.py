@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -84,6 +85,7 @@ async def _serve(
             nursery.start_soon(_live_view, daemon, what)
         await daemon.run()
         nursery.cancel_scope.cancel()
+    logging.getLogger("intellect").info("%s: shut down", what)
 
 
 async def _sync_metrics(daemon: Any, metrics: Any, every: float = 2.0) -> None:

@@ -77,6 +77,7 @@ class WorkerConfig:
     relay_host: str = "127.0.0.1"
     relay_port: int | None = None
     policy_wait: float = 300.0
+    fresh_wait: float = 20.0
 
 
 class Declined(Exception):
@@ -191,11 +192,14 @@ class Worker:
                     await trio.sleep_forever()
         finally:
             with trio.CancelScope(shield=True):
+                log.info("stopping: network closed, releasing the engine")
                 if self.engine is not None:
                     engine, self.engine = self.engine, None
-                    await trio.to_thread.run_sync(engine.close)
+                    with trio.move_on_after(30):
+                        await trio.to_thread.run_sync(engine.close, abandon_on_cancel=True)
                 await self.chain.aclose()
                 self.store.close()
+                log.info("stopped")
 
     # ------------------------------------------------------------------ set-up
 
@@ -519,6 +523,9 @@ class Worker:
         """Load the newest checkpoint that is fresh enough for `task` (hot reload, no restart);
         wait (bounded) for a download when the loaded one is too old. Returns the version in use."""
         deadline = trio.current_time() + self.cfg.policy_wait
+        # A newer version that is already downloading is worth a short wait (seconds on a LAN);
+        # without one the worker goes on with what it has, as long as the task allows it.
+        fresh_deadline = trio.current_time() + self.cfg.fresh_wait
         while True:
             usable = [v for v in self.downloaded if task.min_policy_version <= v <= task.policy_version]
             best = max(usable, default=None)
@@ -528,7 +535,11 @@ class Worker:
                     await trio.to_thread.run_sync(self.engine.reload_weights, self.downloaded[best])
                 self.loaded_version = best
                 log.info("now generating with policy version %d", best)
-            if task.min_policy_version <= self.loaded_version <= task.policy_version:
+            in_flight = any(self.loaded_version < v <= task.policy_version for v in self._downloading) or (
+                task.policy_version > max(self.book.latest, self.loaded_version)  # announcement still on its way
+            )
+            fresh_enough = task.min_policy_version <= self.loaded_version <= task.policy_version
+            if fresh_enough and (not in_flight or trio.current_time() > fresh_deadline):
                 return self.loaded_version
             if trio.current_time() > deadline:
                 raise ChainError(

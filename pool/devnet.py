@@ -204,6 +204,21 @@ class Proc:
         return "\n".join(lines[-n:])
 
 
+def stop_all(procs: list[Proc], timeout: float = 20.0) -> None:
+    """SIGTERM every process at once, wait for all (bounded), SIGKILL the rest."""
+    for p in procs:
+        if p.alive() and p.popen is not None:
+            p.popen.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        if p.popen is None:
+            continue
+        try:
+            p.popen.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill9()
+
+
 def cli_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "cli.main", *args]
 
@@ -445,8 +460,13 @@ def resolve_train(opts: DevnetOptions) -> DevnetOptions:
     return replace(opts, train=opts.model.startswith("tiny") or torch.cuda.is_available())
 
 
+def _terminate(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # unwinds through the `finally` blocks that stop the daemons and anvil
+
+
 def run_devnet(opts: DevnetOptions) -> dict[str, Any]:
     opts = resolve_train(opts)
+    signal.signal(signal.SIGTERM, _terminate)
     opts.workdir.mkdir(parents=True, exist_ok=True)
     port = opts.port or free_port()
     say = (lambda m: None) if opts.as_json else (lambda m: click.echo(m))
@@ -472,8 +492,7 @@ def run_devnet(opts: DevnetOptions) -> dict[str, Any]:
                     p.start()
                 report = trio.run(orchestrate, anvil.url, opts, roles, pool_id, procs, say)
             finally:
-                for p in procs:
-                    p.stop()
+                stop_all(procs)
             report["seconds"] = round(time.monotonic() - started, 1)
             problems = check_outcome(report)
             report["ok"] = not problems

@@ -38,6 +38,7 @@ from pool.devnet import (
     make_procs,
     orchestrate,
     peer_id_of,
+    stop_all,
 )
 
 KILLS = 12
@@ -106,8 +107,7 @@ def test_kill9_each_role_at_random_points_loses_and_repeats_nothing(tmp_path: Pa
             say(f"killed and restarted: {dict(kills)}")
             report = trio.run(orchestrate, anvil.url, opts, roles, pool_id, procs, say)
         finally:
-            for p in procs:
-                p.stop()
+            stop_all(procs)
         txs = trio.run(_all_txs, anvil.url)
 
     assert sum(kills.values()) == KILLS and all(kills[n] >= 1 for n in by_name)

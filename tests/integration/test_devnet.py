@@ -63,4 +63,8 @@ def test_devnet_with_adversary_end_to_end(tmp_path: Path) -> None:
     assert max(honest_versions) >= 1
     assert Path(t["reward_plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "devnet summary" in p.stdout and "outcome as expected" in p.stdout
+    # every daemon stopped cleanly on SIGTERM (state closed), none had to be killed
+    for name in ("coordinator", "validator", "worker1", "worker2", "cheater"):
+        log = (tmp_path / "dn" / f"{name}.log").read_text()
+        assert "SIGTERM received" in log and ": shut down" in log, name
     print(f"devnet with adversary took {elapsed:.0f} s")
