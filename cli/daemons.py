@@ -26,7 +26,7 @@ from ._common import AMOUNT, Settings, common
 NODE_KEY_ENV = "INTELLECT_NODE_KEY"
 
 
-def _metrics_addr(text: str | None) -> tuple[str, int] | None:
+def _host_port(text: str | None) -> tuple[str, int] | None:
     if not text:
         return None
     host, _, port = text.rpartition(":")
@@ -248,14 +248,14 @@ def join_command(
         rpc_wait=rpc_wait,
         connect_wait=connect_wait,
     )
-    relay = _metrics_addr(relay_at)
+    relay = _host_port(relay_at)
     if relay is not None:
         cfg.relay_host, cfg.relay_port = relay
     metrics = _make_metrics("worker")
     try:
         with _daemon_errors():
             worker = Worker(cfg, provider, node, confirm=_confirm, metrics=metrics)
-            trio.run(_serve, worker, metrics, _metrics_addr(metrics_at), "worker", d)
+            trio.run(_serve, worker, metrics, _host_port(metrics_at), "worker", d)
     except Declined as exc:
         raise ChainError(f"not confirmed: {exc}", "pass --yes to skip the question") from None
 
@@ -312,7 +312,7 @@ def validate_command(
     )
     metrics = _make_metrics("validator")
     with _daemon_errors():
-        trio.run(_serve, Validator(cfg, key, metrics), metrics, _metrics_addr(metrics_at), "validator", d)
+        trio.run(_serve, Validator(cfg, key, metrics), metrics, _host_port(metrics_at), "validator", d)
 
 
 @click.command("coordinator")
@@ -394,12 +394,12 @@ def coordinator_command(
         async_level=async_level,
         weights_rate=weights_rate,
     )
-    weights = _metrics_addr(weights_at)
+    weights = _host_port(weights_at)
     if weights is not None:
         cfg.weights_host, cfg.weights_port = weights
     metrics = _make_metrics("coordinator")
     with _daemon_errors():
-        trio.run(_serve, Coordinator(cfg, key, metrics), metrics, _metrics_addr(metrics_at), "coordinator", d)
+        trio.run(_serve, Coordinator(cfg, key, metrics), metrics, _host_port(metrics_at), "coordinator", d)
 
 
 COMMANDS = [join_command, validate_command, coordinator_command]

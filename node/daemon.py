@@ -51,19 +51,32 @@ async def connect_chain(
             delay = min(delay * 2, 10.0)
 
 
-async def retry_rpc(fn: Callable[[], Awaitable[Any]], what: str, *, wait: float = 120.0) -> Any:
-    """Run `fn`, retrying while the RPC endpoint is unreachable (mid-run outages), up to `wait` s."""
-    delay = 0.5
+async def retry(
+    fn: Callable[[], Awaitable[Any]],
+    what: str,
+    *,
+    errors: tuple[type[Exception], ...],
+    wait: float,
+    delay: float = 0.5,
+    max_delay: float = 10.0,
+) -> Any:
+    """Run `fn`, retrying with exponential back-off while it raises one of `errors`; the last error
+    is re-raised once the next attempt would start more than `wait` seconds after the first."""
     deadline = trio.current_time() + wait
     while True:
         try:
             return await fn()
-        except RpcUnavailable:
+        except errors as exc:
             if trio.current_time() + delay > deadline:
                 raise
-            log.warning("%s: RPC unreachable, retrying in %.1f s", what, delay)
+            log.warning("%s failed (%s); retrying in %.1f s", what, exc, delay)
             await trio.sleep(delay)
-            delay = min(delay * 2, 10.0)
+            delay = min(delay * 2, max_delay)
+
+
+async def retry_rpc(fn: Callable[[], Awaitable[Any]], what: str, *, wait: float = 120.0) -> Any:
+    """Run `fn`, retrying while the RPC endpoint is unreachable (mid-run outages), up to `wait` s."""
+    return await retry(fn, what, errors=(RpcUnavailable,), wait=wait)
 
 
 def coordinator_addr(bootstrap: list[str], coordinator: str) -> str:

@@ -19,7 +19,7 @@ import msgpack
 
 from .chain.errors import ChainError
 from .rollout.file import RolloutFile
-from .tasks.math import MathEnv
+from .tasks.math import MathEnv, Problem
 
 INVITE_PROTOCOL = "/intellect/invite/1"
 TASK_PROTOCOL = "/intellect/task/1"
@@ -189,15 +189,16 @@ def check_submission(
         if h.sampling.get(k) != v:
             return Decision(False, "wrong-sampling", f"sampling.{k} is {h.sampling.get(k)!r}, task says {v!r}")
     counts: dict[int, int] = {}
-    prompts: dict[int, list[int]] = {}
+    groups: dict[int, tuple[Problem, list[int]]] = {}
     for s in f.samples:
         if not 0 <= s.group < task.prompts:
             return Decision(False, "wrong-shape", f"group {s.group} outside the task's {task.prompts} prompts")
         counts[s.group] = counts.get(s.group, 0) + 1
-        if s.group not in prompts:
-            prompts[s.group] = encode_prompt(env.problem(task.seed, s.group).prompt)
-        problem = env.problem(task.seed, s.group)
-        if s.task_id != problem.task_id or s.prompt_tokens != prompts[s.group]:
+        if s.group not in groups:
+            p = env.problem(task.seed, s.group)
+            groups[s.group] = (p, encode_prompt(p.prompt))
+        problem, prompt = groups[s.group]
+        if s.task_id != problem.task_id or s.prompt_tokens != prompt:
             return Decision(False, "wrong-prompt", f"group {s.group} does not hold the task's prompt")
         if len(s.completion_tokens) > int(task.sampling["max_tokens"]):
             return Decision(False, "too-long", f"group {s.group} sample {s.sample} exceeds max_tokens")

@@ -95,6 +95,10 @@ class Store:
         row = self.db.execute(sql, tuple(params)).fetchone()
         return None if row is None else row[0]
 
+    def counts(self, table: str) -> dict[str, int]:
+        """Rows of `table` (one of this daemon's own tables) per `status`."""
+        return {r[0]: int(r[1]) for r in self.query(f"SELECT status, COUNT(*) FROM {table} GROUP BY status")}
+
     def get(self, key: str, default: str | None = None) -> str | None:
         v = self.scalar("SELECT v FROM kv WHERE k = ?", (key,))
         return default if v is None else str(v)
@@ -144,7 +148,7 @@ class SqliteTxJournal:
         return [JournaledTx(r["hash"], r["nonce"], r["raw"], r["label"], r["status"], r["block"]) for r in rows]
 
     def counts(self) -> dict[str, int]:
-        return {r[0]: int(r[1]) for r in self.store.query("SELECT status, COUNT(*) FROM txs GROUP BY status")}
+        return self.store.counts("txs")
 
 
 async def settle_journal(journal: SqliteTxJournal, sender: TxSender) -> list[Receipt]:

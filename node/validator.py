@@ -111,7 +111,7 @@ class Validator:
         self.prefills: dict[int, Any] = {}
 
     def status(self) -> dict[str, Any]:
-        counts = {r[0]: int(r[1]) for r in self.store.query("SELECT status, COUNT(*) FROM checks GROUP BY status")}
+        counts = self.store.counts("checks")
         return {
             "role": "validator",
             "pool": self.cfg.pool_id,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from .chain import ChainClient, ChainError, Deployment
 from .chain.errors import RpcUnavailable
 from .chain.messages import tokens
 from .chain.signing import Invite
-from .daemon import ModelTools, connect_chain, count, model_tools, open_pool_network, pool_peers, retry_rpc
+from .daemon import ModelTools, connect_chain, count, model_tools, open_pool_network, pool_peers, retry, retry_rpc
 from .p2p.blobs import upload_blob
 from .p2p.host import P2PError
 from .p2p.network import PoolNetwork
@@ -110,7 +110,6 @@ class Worker:
         self.engine_model: str | None = None
         self.tools: ModelTools | None = None
         self.phase = "starting"
-        self.claimed_tokens = int(self.store.get("claimed_tokens", "0") or 0)
         self.stake_now = 0
         self.last_error = ""
         self.book = PolicyBook()
@@ -126,7 +125,7 @@ class Worker:
     # ------------------------------------------------------------------ status
 
     def status(self) -> dict[str, Any]:
-        counts = {r[0]: int(r[1]) for r in self.store.query("SELECT status, COUNT(*) FROM rollouts GROUP BY status")}
+        counts = self.store.counts("rollouts")
         units = int(self.store.scalar("SELECT SUM(units) FROM rollouts WHERE status = 'accepted'") or 0)
         return {
             "role": "worker",
@@ -139,7 +138,7 @@ class Worker:
             "accepted": counts.get("accepted", 0),
             "steps": self.cfg.steps,
             "units_accepted": units,
-            "claimed_tokens": self.claimed_tokens,
+            "claimed_tokens": self.claimed_tokens(),
             "stake": self.stake_now,
             "policy_version": self.loaded_version,
             "policy_announced": self.book.latest,
@@ -260,37 +259,26 @@ class Worker:
     async def connect_coordinator(self) -> None:
         assert self.net is not None and self.coordinator_peer is not None
         self.phase = "connecting to the coordinator"
-        delay = 1.0
-        deadline = trio.current_time() + self.cfg.connect_wait
-        while True:
-            try:
-                await self.net.connect(self.coordinator_peer)
-                return
-            except P2PError as exc:
-                if trio.current_time() + delay > deadline:
-                    raise ChainError(
-                        f"the coordinator at {self.coordinator_peer} is unreachable "
-                        f"(gave up after {self.cfg.connect_wait:.0f} s): {exc}",
-                        "check that the coordinator runs and that the pool's bootstrap address is current",
-                    ) from None
-                log.warning("coordinator unreachable (%s); retrying in %.0f s", exc, delay)
-                await trio.sleep(delay)
-                delay = min(delay * 2, 15.0)
+        net, peer = self.net, self.coordinator_peer
+        try:
+            await self._retry_p2p(lambda: net.connect(peer), "connecting to the coordinator")
+        except P2PError as exc:
+            raise ChainError(
+                f"the coordinator at {peer} is unreachable (gave up after {self.cfg.connect_wait:.0f} s): {exc}",
+                "check that the coordinator runs and that the pool's bootstrap address is current",
+            ) from None
+
+    async def _retry_p2p(self, fn: Callable[[], Awaitable[Any]], what: str) -> Any:
+        return await retry(fn, what, errors=(P2PError,), wait=self.cfg.connect_wait, delay=1.0, max_delay=15.0)
 
     async def _request(self, proto: str, body: dict[str, Any], what: str, timeout: float = 30.0) -> dict[str, Any]:
         assert self.net is not None and self.coordinator_peer is not None
-        delay = 1.0
-        deadline = trio.current_time() + self.cfg.connect_wait
-        while True:
-            try:
-                data = await self.net.node.request(self.coordinator_peer, proto, protocol.pack(body), timeout=timeout)
-                return protocol.reply_body(data, what)
-            except P2PError as exc:
-                if trio.current_time() + delay > deadline:
-                    raise ChainError(f"{what}: the coordinator did not answer: {exc}", "is it running?") from None
-                log.warning("%s failed (%s); retrying in %.0f s", what, exc, delay)
-                await trio.sleep(delay)
-                delay = min(delay * 2, 15.0)
+        node, peer = self.net.node, self.coordinator_peer
+        try:
+            data = await self._retry_p2p(lambda: node.request(peer, proto, protocol.pack(body), timeout=timeout), what)
+        except P2PError as exc:
+            raise ChainError(f"{what}: the coordinator did not answer: {exc}", "is it running?") from None
+        return protocol.reply_body(data, what)
 
     async def ensure_member(self) -> None:
         assert self.chain is not None
@@ -324,6 +312,10 @@ class Worker:
         log.info("node %s joined pool %d", self.node.address, pool)
 
     # ------------------------------------------------------------------ work
+
+    def claimed_tokens(self) -> int:
+        """Rewards claimed so far (base units), from the claims this worker recorded."""
+        return sum(int(r[0]) for r in self.store.query("SELECT reward FROM claims"))
 
     def accepted_count(self) -> int:
         return int(self.store.scalar("SELECT COUNT(*) FROM rollouts WHERE status = 'accepted'") or 0)
@@ -587,13 +579,18 @@ class Worker:
             self.stake_now = int(await c.call("ProviderRegistry", "stakeOf", self.provider.address))
             return 0
         reward, receipts = await ops.claim(c, self.cfg.pool_id, keys)
-        self.claimed_tokens += reward
-        self.store.put("claimed_tokens", str(self.claimed_tokens))
-        for r in receipts:
-            self.store.execute(
+        self.store.execute_many(
+            (
                 "INSERT OR IGNORE INTO claims(tx, keys, reward, at) VALUES(?, ?, ?, ?)",
-                (r.tx_hash, len(keys), str(reward), time.time()),
+                (
+                    r.tx_hash,
+                    len(r.all("WorkClaimed")),
+                    str(sum(int(e.args["reward"]) for e in r.all("WorkClaimed"))),
+                    time.time(),
+                ),
             )
+            for r in receipts
+        )
         self._count("claims", len(keys))
         self._count("rewards_claimed_tokens", reward / 10**18)
         log.info("claimed %s for %d final work record(s)", tokens(reward), len(keys))

@@ -145,7 +145,7 @@ class Coordinator:
     # ------------------------------------------------------------------ status
 
     def status(self) -> dict[str, Any]:
-        counts = {r[0]: int(r[1]) for r in self.store.query("SELECT status, COUNT(*) FROM rollouts GROUP BY status")}
+        counts = self.store.counts("rollouts")
         per_node: dict[str, dict[str, int]] = {}
         for r in self.store.query("SELECT node, status, COUNT(*), SUM(units) FROM rollouts GROUP BY node, status"):
             d = per_node.setdefault(r[0], {})

@@ -181,16 +181,6 @@ class Proc:
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
 
-    def stop(self, timeout: float = 15.0) -> None:
-        if self.popen is None or self.popen.poll() is not None:
-            return
-        self.popen.send_signal(signal.SIGTERM)
-        try:
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait(5)
-
     def kill9(self) -> None:
         if self.popen is not None and self.popen.poll() is None:
             os.killpg(self.popen.pid, signal.SIGKILL)
