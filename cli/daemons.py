@@ -336,6 +336,11 @@ def validate_command(
 @click.option("--lr", type=float, default=2e-4, show_default=True, help="Learning rate (AdamW).")
 @click.option("--async-level", type=int, default=2, show_default=True, help="Oldest usable policy: current - N.")
 @click.option(
+    "--seed",
+    type=int,
+    help="Fixed task seeds (the same problems in the same order every run). Predictable: experiments only.",
+)
+@click.option(
     "--weights", "weights_at", default="127.0.0.1:0", show_default=True, help="HOST:PORT of the checkpoint origin."
 )
 @click.option("--weights-rate", type=float, help="Upload cap of the origin in bytes/s (default: none).")
@@ -360,6 +365,7 @@ def coordinator_command(
     train_files: int,
     lr: float,
     async_level: int,
+    seed: int | None,
     weights_at: str,
     weights_rate: float | None,
     metrics_at: str,
@@ -393,6 +399,7 @@ def coordinator_command(
         lr=lr,
         async_level=async_level,
         weights_rate=weights_rate,
+        seed=seed,
     )
     weights = _host_port(weights_at)
     if weights is not None:

@@ -988,6 +988,7 @@ def rollout_verify(file: str, model: str | None, thresholds: str | None, dtype: 
     help="Train the policy (GRPO) while it runs (default: on for --model tiny or with a GPU).",
 )
 @click.option("--train-files", type=int, default=2, show_default=True, help="Rollout files per policy step.")
+@click.option("--seed", type=int, help="Fixed task seeds: the same problems in the same order on every run.")
 @click.option("--workers", type=click.IntRange(1, 2), default=2, show_default=True, help="Honest workers.")
 @click.option("--adversary", is_flag=True, help="Add a cheating worker.")
 @click.option(
@@ -1012,6 +1013,7 @@ def devnet_cmd(
     steps: int,
     train: bool | None,
     train_files: int,
+    seed: int | None,
     workers: int,
     adversary: bool,
     adversary_kind: str,
@@ -1040,6 +1042,7 @@ def devnet_cmd(
             steps=steps,
             train=train,
             train_files=train_files,
+            seed=seed,
             workers=workers,
             adversary=adversary,
             adversary_kind=adversary_kind,

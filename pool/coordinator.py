@@ -13,6 +13,7 @@ recorded, so a restart neither loses an accepted rollout nor records one twice.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import secrets
@@ -117,6 +118,7 @@ class CoordinatorConfig:
     weights_port: int = 0
     weights_rate: float | None = None
     keep_checkpoints: int = 4
+    seed: int | None = None  # fixed task seeds (reproducible experiments); None: unpredictable
 
 
 class Coordinator:
@@ -330,7 +332,7 @@ class Coordinator:
             pool_id=cfg.pool_id,
             node=sender,
             env=cfg.env,
-            seed=secrets.randbits(62),
+            seed=self._task_seed(),
             prompts=cfg.prompts,
             group_size=cfg.group_size,
             sampling=dict(cfg.sampling),
@@ -347,6 +349,16 @@ class Coordinator:
         )
         self._count("tasks_issued")
         return protocol.ok(task=task.to_wire())
+
+    def _task_seed(self) -> int:
+        """The seed the next task's problems are drawn from. Unpredictable by default, so a worker cannot
+        prepare answers ahead; with `seed` set, the n-th task issued gets sha256(seed, n), the same
+        sequence of problems on every run (and across restarts: n is counted in the state file)."""
+        if self.cfg.seed is None:
+            return secrets.randbits(62)
+        n = int(self.store.scalar("SELECT COUNT(*) FROM tasks") or 0)
+        digest = hashlib.sha256(f"intellect-node task seed {self.cfg.seed} {n}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") >> 2
 
     def backlog(self, now: float) -> int:
         """Rollouts the trainer has not consumed yet: accepted-untrained plus tasks still open."""

@@ -67,6 +67,7 @@ class DevnetOptions:
     env: str = "thinking-budget"
     train: bool | None = None  # None: on for the tiny model or with a GPU (SmolLM2 steps take minutes on a CPU)
     train_files: int = 2
+    seed: int | None = None  # fixed task seeds for the coordinator
     steps: int = 3
     workers: int = 2
     adversary: bool = False
@@ -236,7 +237,8 @@ def make_procs(opts: DevnetOptions, url: str, roles: Roles, pool_id: int, coord_
          "--model", opts.model, "--env", opts.env, "--record-every", "2", "--eject-after", "900",
          "--weights", f"127.0.0.1:{free_port()}", "--train-files", str(opts.train_files),
          "--train" if opts.train else "--no-train", "--group-size", "8", "--max-tokens", "48",
-         "--lr", "3e-4" if opts.model.startswith("tiny") else "1e-5"],
+         "--lr", "3e-4" if opts.model.startswith("tiny") else "1e-5"]
+        + (["--seed", str(opts.seed)] if opts.seed is not None else []),
         roles.coordinator,
     )  # fmt: skip
     add(
@@ -402,6 +404,7 @@ def build_report(opts: DevnetOptions, roles: Roles, pool_id: int, procs: list[Pr
         "pool": pool_id,
         "model": opts.model,
         "steps": opts.steps,
+        "seed": opts.seed,
         "adversary": opts.adversary_kind if opts.adversary else None,
         "nodes": nodes,
         "validator": next(p for p in procs if p.role == "validator").status.get("checks", {}),
