@@ -548,8 +548,15 @@ class Coordinator:
 
         assert self.tools is not None
         v = self.cfg.policy_version
-        source = self.cfg.data_dir / "checkpoints" / f"v{v}" if v > 0 else self.tools.path
-        return Trainer(source, lr=self.cfg.lr, async_level=self.cfg.async_level, seed=v)
+        ckpts = self.cfg.data_dir / "checkpoints"
+        source = ckpts / f"v{v}" if v > 0 else self.tools.path
+        trainer = Trainer(source, lr=self.cfg.lr, async_level=self.cfg.async_level, seed=v)
+        # after a restart: the weights of the versions rollouts may still come from, for their old log-probs
+        for old in range(max(0, v - self.cfg.async_level), v):
+            folder = ckpts / f"v{old}" if old > 0 else self.tools.path
+            if (folder / "model.safetensors").is_file():
+                trainer.remember(old, folder)
+        return trainer
 
     async def _train_loop(self) -> None:
         while True:

@@ -7,8 +7,9 @@ The pool's trainer turns verified rollout files into a new policy:
 2. every completion gets a group-relative advantage (its reward against the other completions of the
    same prompt in the same file), and groups whose rewards are all equal (advantage 0, no signal) are
    dropped before they cost a forward pass;
-3. the trainer recomputes the "old" log-probs with its own weights, then takes one or more AdamW steps
-   on the token-level two-sided clipped policy-gradient loss;
+3. the trainer recomputes the "old" log-probs itself, with its own copy of the weights of the policy
+   version that generated each sample (it keeps the last `async_level` versions), then takes one or
+   more AdamW steps on the token-level two-sided clipped policy-gradient loss;
 4. the new weights are written as an HF safetensors folder that `VllmEngine.reload_weights` loads.
 
 Single process (CPU or one GPU) is the path tested here. Under `torchrun` with
@@ -188,6 +189,7 @@ class StepStats:
     grad_norm: float  # pre-clip, mean over optimizer steps
     optimizer_steps: int
     seconds: float
+    behaviour_fallback: int = 0  # samples whose old log-probs came from the current weights (version not kept)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -198,6 +200,7 @@ class _Item:
     sample: RolloutSample
     advantage: float
     temperature: float
+    version: int = 0  # policy version that generated the sample
 
 
 class Trainer:
@@ -265,7 +268,14 @@ class Trainer:
             )
             return torch.nn.Module.to(m, self.device)
 
+        self._load = load
         self.model: Any = load()
+        # weights of the versions a sample may still come from: version -> state dict (CPU copies, or on
+        # the device under FSDP, where they are this rank's shards)
+        self._history: dict[int, dict[str, Tensor]] = {}
+        self._history_device = self.device if self.distributed else torch.device("cpu")
+        self._behaviour: Any = None
+        self._behaviour_version: int | None = None
         self.config = self.model.config
         pad = getattr(self.config, "pad_token_id", None)
         self.pad_id = int(pad) if isinstance(pad, int) else 0
@@ -307,6 +317,7 @@ class Trainer:
         info: dict[str, Any] = {"files": 0, "stale_rejected": 0, "stale_samples": 0, "rewards": []}
         samples: list[RolloutSample] = []
         temps: list[float] = []
+        versions: list[int] = []
         group_ids: list[int] = []
         keys: dict[tuple[int, int], int] = {}
         for fi, f in enumerate(files):
@@ -320,13 +331,18 @@ class Trainer:
             for s in f.samples:
                 samples.append(s)
                 temps.append(temp)
+                versions.append(v)
                 group_ids.append(keys.setdefault((fi, s.group), len(keys)))
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float64)
         info["rewards"] = rewards.tolist()
         if not samples:
             return [], info
         adv = group_advantages(rewards, torch.tensor(group_ids))
-        items = [_Item(s, float(a), t) for s, a, t in zip(samples, adv.tolist(), temps, strict=True) if a != 0.0]
+        items = [
+            _Item(s, float(a), t, v)
+            for s, a, t, v in zip(samples, adv.tolist(), temps, versions, strict=True)
+            if a != 0.0
+        ]
         info["zero_adv_dropped"] = len(samples) - len(items)
         return items, info
 
@@ -367,15 +383,19 @@ class Trainer:
     def step(self, files: list[RolloutFile], current_version: int) -> StepStats:
         """One trainer step on the given rollout files; the result is policy version current_version + 1.
 
-        Old log-probs are recomputed by the trainer (no_grad, current weights) rather than taken from the
-        worker's file: (1) the worker is untrusted, and its logprobs are checked by validators only to a
-        tolerance, so a ratio with the worker's numbers in the denominator would let a worker scale its
-        own samples' gradients; (2) vLLM's kernels (and bf16 on GPUs) differ numerically from the
-        trainer's, so even on-policy the ratio would not start at 1 and the clip would fire on noise;
-        (3) the worker sampled at a temperature and reports raw (temperature 1) logprobs. With the
-        trainer's own numbers the ratio is exactly 1 at the first optimizer step and measures only how
-        far this step's updates have moved the policy, which is what the clip is meant to bound. The
-        staleness of the samples themselves (up to `async_level` versions) is bounded, not corrected.
+        Old log-probs are recomputed by the trainer (no_grad) with its own copy of the weights of the
+        version that generated each sample (`remember` / the snapshots kept after every step), rather
+        than taken from the worker's file: (1) the worker is untrusted, and its logprobs are checked by
+        validators only to a tolerance, so a ratio with the worker's numbers in the denominator would let
+        a worker scale its own samples' gradients; (2) vLLM's kernels (and bf16 on GPUs) differ
+        numerically from the trainer's, so even on-policy the ratio would not start at 1 and the clip
+        would fire on noise; (3) the worker sampled at a temperature and reports raw (temperature 1)
+        logprobs. For on-policy samples the ratio is exactly 1 at the first optimizer step. For a sample
+        k versions old it is pi_now / pi_then: how far the policy has already moved on that token, so the
+        clip stops pushing a token the last k updates already pushed (without this, asynchronous steps
+        keep pushing in the same direction until feedback arrives k steps later; on the tiny model
+        that collapsed the policy into one repeated token). A sample whose version's weights the trainer
+        does not have falls back to the current weights (counted in `behaviour_fallback`).
         """
         t0 = time.perf_counter()
         items, info = self._select(files, current_version)
@@ -384,16 +404,31 @@ class Trainer:
         mine = items[self.rank :: self.world]
         my_tokens = sum(len(it.sample.completion_tokens) for it in mine)
 
-        # old log-probs, from the current weights, before any update
+        # old log-probs: the current weights for this version's samples, the kept weights of older ones
+        self._snapshot(current_version)
         old: list[Tensor] = []
         ref: list[Tensor | None] = []
         micro = [mine[i : i + self.micro_batch_size] for i in range(0, len(mine), self.micro_batch_size)]
         n_micro_max = int(self._all_reduce([float(len(micro))], "max")[0])
+        fallback = 0
         with torch.no_grad():
             for mb in self._padded(micro, n_micro_max):
                 batch = self._batch(mb)
                 old.append(self._token_logprobs(self.model, batch)[0])
                 ref.append(self._token_logprobs(self.ref_model, batch)[0] if self.ref_model is not None else None)
+            # same order of forwards on every rank (FSDP collectives): versions from the shared selection
+            for v in sorted({it.version for it in items if it.version != current_version}):
+                if v not in self._history:
+                    fallback += sum(1 for it in mine if it.version == v)
+                    continue
+                behaviour = self._behaviour_model(v)
+                for j, mb in enumerate(self._padded(micro, n_micro_max)):
+                    rows = [i for i, it in enumerate(mb) if it.version == v] if j < len(micro) else []
+                    if not rows and not self.distributed:
+                        continue
+                    lp = self._token_logprobs(behaviour, self._batch(mb))[0]
+                    for i in rows:
+                        old[j][i] = lp[i]
 
         losses: list[float] = []
         norms: list[float] = []
@@ -466,6 +501,7 @@ class Trainer:
             approx_kl=red[2] / tok_all,
             grad_norm=float(sum(norms) / len(norms)) if norms else 0.0,
             optimizer_steps=len(norms),
+            behaviour_fallback=fallback,
             seconds=time.perf_counter() - t0,
         )
 
@@ -479,6 +515,46 @@ class Trainer:
 
     def _batch_mask_sum(self, mb: list[_Item]) -> int:
         return sum(len(it.sample.completion_tokens) for it in mb)
+
+    # -- weights of recent versions (behaviour policies) -------------------------------------------
+
+    def _snapshot(self, current_version: int) -> None:
+        """Keep the current weights as `current_version` (if not kept yet) and forget versions that no
+        accepted sample can come from any more (older than current - async_level)."""
+        for v in [v for v in self._history if v < current_version - self.async_level or v > current_version]:
+            del self._history[v]
+        if current_version not in self._history and self.async_level > 0:
+            self._history[current_version] = {
+                k: t.detach().to(self._history_device, copy=True) for k, t in self.model.state_dict().items()
+            }
+
+    def remember(self, version: int, model_dir: str | Path) -> None:
+        """Load the weights of an earlier `version` from a checkpoint folder written by `save` (after a
+        restart, so samples of that version get their true old log-probs). Single process only."""
+        from safetensors.torch import load_file
+
+        if self.distributed:
+            raise RuntimeError("remember() is for the single-process trainer")
+        state = load_file(str(Path(model_dir) / "model.safetensors"))
+        own = self.model.state_dict()
+        if getattr(self.config, "tie_word_embeddings", False) and "lm_head.weight" in own:
+            state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])
+        missing = set(own) - set(state)
+        if missing:
+            raise ValueError(f"{model_dir}: checkpoint lacks {sorted(missing)[:3]}")
+        self._history[version] = {k: state[k].to(self._history_device, own[k].dtype) for k in own}
+
+    def _behaviour_model(self, version: int) -> Any:
+        """A second model instance holding the weights of `version` (created on first use)."""
+        if self._behaviour is None:
+            self._behaviour = self._load()
+            if self.distributed:
+                self._shard(self._behaviour)
+            self._behaviour.eval().requires_grad_(False)
+        if self._behaviour_version != version:
+            self._behaviour.load_state_dict(self._history[version])
+            self._behaviour_version = version
+        return self._behaviour
 
     # -- weights -----------------------------------------------------------------------------------
 

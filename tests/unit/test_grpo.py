@@ -228,3 +228,30 @@ def test_micro_batches_equal_one_batch_and_checkpoint_loads(micro_model: Path, t
     assert all(torch.equal(v, wa[k]) for k, v in reloaded.state_dict().items())
     a.save(folder)  # replacing an existing checkpoint
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+def test_old_logprobs_come_from_the_version_that_generated_the_sample(micro_model: Path, tmp_path: Path) -> None:
+    """A sample of version 0 trained at version 1 gets its old log-probs from version 0's weights, so
+    the first optimizer step's ratio is pi_1 / pi_0, not 1: the clip sees how far the last update
+    already moved those tokens. A trainer restarted from version 1 does not have version 0's weights:
+    it falls back to the current ones (ratio exactly 1, counted) until `remember` gives them back."""
+    f0 = _file(0, [[1.0, 0.0, 0.3, 0.9], [0.1, 0.2, 0.7]], seed=3)
+    a = Trainer(micro_model, lr=1e-2, async_level=2)
+    a.step([f0], 0)
+    v1 = a.save(tmp_path / "v1")
+    stale = a.step([f0], 1)
+    assert stale.behaviour_fallback == 0 and stale.samples_trained == 7
+    assert abs(stale.ratio_mean - 1.0) > 1e-3
+
+    restarted = Trainer(v1, lr=1e-2, async_level=2)
+    s = restarted.step([f0], 1)
+    assert s.behaviour_fallback == 7 and s.ratio_mean == pytest.approx(1.0)
+
+    told = Trainer(v1, lr=1e-2, async_level=2)
+    told.remember(0, micro_model)
+    s = told.step([f0], 1)
+    assert s.behaviour_fallback == 0 and s.ratio_mean == pytest.approx(stale.ratio_mean, rel=1e-6)
+    # versions no accepted sample can come from any more are forgotten
+    told.step([f0], 2)
+    told.step([_file(3, [[1.0, 0.0]])], 3)
+    assert sorted(told._history) == [1, 2, 3]
