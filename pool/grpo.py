@@ -253,7 +253,12 @@ class Trainer:
             "kl_coef": kl_coef,
             "entropy_coef": entropy_coef,
         }
-        self.distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        # a process group of one (vLLM creates one in-process) is not distributed training
+        self.distributed = (
+            torch.distributed.is_available()
+            and torch.distributed.is_initialized()
+            and torch.distributed.get_world_size() > 1
+        )
         self.rank = torch.distributed.get_rank() if self.distributed else 0
         self.world = torch.distributed.get_world_size() if self.distributed else 1
         if self.distributed and torch.cuda.is_available():
