@@ -344,6 +344,14 @@ def validate_command(
     "--weights", "weights_at", default="127.0.0.1:0", show_default=True, help="HOST:PORT of the checkpoint origin."
 )
 @click.option("--weights-rate", type=float, help="Upload cap of the origin in bytes/s (default: none).")
+@click.option(
+    "--keep-checkpoint-hours",
+    type=float,
+    default=6.0,
+    show_default=True,
+    help="Serve every policy version that was current this recently (validators fetch the version a "
+    "rollout claims; set it to how far validators may fall behind). The newest 4 are always kept.",
+)
 @click.option("--metrics", "metrics_at", default="127.0.0.1:9412", show_default=True)
 @click.option("--rpc-wait", type=float, default=60.0, hidden=True, help="Seconds to retry an unreachable RPC at start.")
 @click.option("-v", "--verbose", is_flag=True)
@@ -368,6 +376,7 @@ def coordinator_command(
     seed: int | None,
     weights_at: str,
     weights_rate: float | None,
+    keep_checkpoint_hours: float,
     metrics_at: str,
     rpc_wait: float,
     verbose: bool,
@@ -399,6 +408,7 @@ def coordinator_command(
         lr=lr,
         async_level=async_level,
         weights_rate=weights_rate,
+        keep_checkpoint_seconds=keep_checkpoint_hours * 3600.0,
         seed=seed,
     )
     weights = _host_port(weights_at)

@@ -80,6 +80,10 @@ class WorkerConfig:
     fresh_wait: float = 20.0
 
 
+class PolicyUnavailable(Exception):
+    """No checkpoint a task allows could be fetched in time; the worker asks for work again later."""
+
+
 class Declined(Exception):
     """The user answered no to a confirmation."""
 
@@ -336,7 +340,13 @@ class Worker:
                 continue
             task = protocol.Task.from_wire(reply.get("task"))
             self.phase = f"generating task {task.task_id}"
-            data = await self.generate(task)
+            try:
+                data = await self.generate(task)
+            except PolicyUnavailable as exc:
+                self.last_error = str(exc)
+                log.warning("%s; asking for work again in 30 s", exc)
+                await trio.sleep(30.0)
+                continue
             key = work_key(data)
             path = self.cfg.data_dir / "rollouts" / f"{key[2:]}.parquet"
             tmp = path.with_suffix(".tmp")
@@ -531,16 +541,33 @@ class Worker:
                 task.policy_version > max(self.book.latest, self.loaded_version)  # announcement still on its way
             )
             fresh_enough = task.min_policy_version <= self.loaded_version <= task.policy_version
+            if not fresh_enough and best is None and not in_flight:
+                self._fetch_for(task)
             if fresh_enough and (not in_flight or trio.current_time() > fresh_deadline):
                 return self.loaded_version
             if trio.current_time() > deadline:
-                raise ChainError(
-                    f"policy version {task.min_policy_version}+ not available after {self.cfg.policy_wait:.0f} s",
-                    "check that the coordinator's weight server and relays are reachable",
+                raise PolicyUnavailable(
+                    f"policy version {task.min_policy_version}+ not available after {self.cfg.policy_wait:.0f} s; "
+                    "check that the coordinator's weight server and relays are reachable"
                 )
             self.phase = f"waiting for policy version {task.min_policy_version}"
             with trio.move_on_after(5.0):
                 await self._new_download.wait()
+
+    def _fetch_for(self, task: protocol.Task) -> None:
+        """Start downloading the newest announced version `task` allows, when none is held: the task may
+        predate the latest announcement (it was issued before a restart), and only the latest version
+        is fetched as announcements arrive."""
+        wanted = [
+            v
+            for v in self.book.hashes
+            if task.min_policy_version <= v <= task.policy_version and v > 0 and v not in self.downloaded
+        ]
+        if not wanted or self._nursery is None or any(v in self._downloading for v in wanted):
+            return
+        v = max(wanted)
+        self._downloading.add(v)
+        self._nursery.start_soon(self._download, v)
 
     # ------------------------------------------------------------------ background
 

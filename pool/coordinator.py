@@ -49,7 +49,7 @@ CREATE TABLE IF NOT EXISTS tasks (
     task_id TEXT PRIMARY KEY,
     node TEXT NOT NULL,
     body TEXT NOT NULL,
-    status TEXT NOT NULL DEFAULT 'issued',     -- issued | submitted
+    status TEXT NOT NULL DEFAULT 'issued',     -- issued | submitted | superseded
     work_key TEXT,
     expires_at REAL NOT NULL
 );
@@ -117,7 +117,8 @@ class CoordinatorConfig:
     weights_host: str = "127.0.0.1"
     weights_port: int = 0
     weights_rate: float | None = None
-    keep_checkpoints: int = 4
+    keep_checkpoints: int = 4  # newest checkpoints always served
+    keep_checkpoint_seconds: float = 6 * 3600.0  # and every version current within this long
     seed: int | None = None  # fixed task seeds (reproducible experiments); None: unpredictable
 
 
@@ -318,11 +319,19 @@ class Coordinator:
             return protocol.refuse("the coordinator cannot reach its chain node right now", "retry in a minute")
         now = time.time()
         row = self.store.one(
-            "SELECT body FROM tasks WHERE node = ? AND status = 'issued' AND expires_at > ? ORDER BY expires_at DESC",
+            "SELECT task_id, body FROM tasks WHERE node = ? AND status = 'issued' AND expires_at > ? "
+            "ORDER BY expires_at DESC",
             (sender, now + 30),
         )
         if row is not None:  # the open task again: asking twice never yields a second seed to pick from
-            return protocol.ok(task=protocol.unpack(bytes.fromhex(row["body"]), "task"))
+            open_task = protocol.unpack(bytes.fromhex(row["body"]), "task")
+            if int(open_task.get("policy_version", 0)) >= cfg.policy_version - cfg.async_level:
+                return protocol.ok(task=open_task)
+            # The policy moved on since it was issued (the worker was down): its rollouts could never be
+            # trained on and the versions it allows may be gone, so it is replaced by a fresh one.
+            self.store.execute("UPDATE tasks SET status = 'superseded' WHERE task_id = ?", (row["task_id"],))
+            log.info("task %s of %s superseded: issued at policy version %s", row["task_id"], sender,
+                     open_task.get("policy_version"))  # fmt: skip
         if cfg.train and self.backlog(now) >= cfg.train_files * (cfg.async_level + 1):
             # Asynchrony is bounded: no more work is handed out than the trainer can consume before the
             # policy moves `async_level` versions on; workers wait instead of generating stale rollouts.
@@ -389,6 +398,8 @@ class Coordinator:
         trow = self.store.one("SELECT * FROM tasks WHERE task_id = ?", (task_id,))
         if trow is None or trow["node"] != sender:
             return self._reject(sender, "unknown-task", f"task {task_id} was not issued to {sender}")
+        if trow["status"] == "superseded":
+            return self._reject(sender, "task-superseded", f"task {task_id} was replaced after the policy moved on")
         if trow["status"] != "issued":
             return self._reject(sender, "task-done", f"task {task_id} already has rollout {trow['work_key']}")
         data = self.blobs.get(key)
@@ -558,6 +569,15 @@ class Coordinator:
                 trainer.remember(old, folder)
         return trainer
 
+    def retained_versions(self, new: int, now: float) -> set[int]:
+        """Versions whose checkpoints stay served (beyond the newest `keep_checkpoints`) once `new` is
+        published: every version that was current within the last `keep_checkpoint_seconds`. Rollouts
+        come from such versions, and a validator that was down or behind must still be able to fetch
+        the weights a rollout claims before its validation deadline."""
+        rows = self.store.query("SELECT version FROM steps WHERE at >= ?", (now - self.cfg.keep_checkpoint_seconds,))
+        recent = {int(r[0]) for r in rows} | {new}
+        return recent | {w - 1 for w in recent if w > 0}
+
     async def _train_loop(self) -> None:
         while True:
             await trio.sleep(1.0)
@@ -596,7 +616,10 @@ class Coordinator:
         stats = await trio.to_thread.run_sync(self.trainer.step, files, v)
         new = v + 1
         ckpt = await trio.to_thread.run_sync(self.trainer.save, cfg.data_dir / "checkpoints" / f"v{new}")
-        manifest = await trio.to_thread.run_sync(self.weights.publish, ckpt / "model.safetensors", new)
+        protect = self.retained_versions(new, time.time())
+        manifest = await trio.to_thread.run_sync(
+            lambda: self.weights.publish(ckpt / "model.safetensors", new, protect=protect)
+        )
         versions = sorted({f.header.policy_version for f in files})
         self.store.execute_many(
             [("UPDATE rollouts SET trained = 1 WHERE work_key = ?", (k,)) for k in keys]
@@ -627,7 +650,8 @@ class Coordinator:
             self.metrics.policy_version.set(new)
         self._announce_now.set()
         for old in sorted((cfg.data_dir / "checkpoints").glob("v*")):
-            if old.name[1:].isdigit() and int(old.name[1:]) <= new - cfg.keep_checkpoints:
+            n = int(old.name[1:]) if old.name[1:].isdigit() else None
+            if n is not None and n <= new - cfg.keep_checkpoints and n not in protect:
                 shutil.rmtree(old, ignore_errors=True)
         log.info(
             "policy step -> version %d: mean reward %.3f over %d files (versions %s), %d samples trained, %.1f s",

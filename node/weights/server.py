@@ -23,7 +23,7 @@ import logging
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -146,8 +146,11 @@ class WeightStore:
         ]
 
     # -- writing
-    def publish(self, path: Path, version: int, shard_size: int = DEFAULT_SHARD_SIZE) -> Manifest:
-        """Origin: split the checkpoint file into shards as ``version``, then prune. Returns the manifest."""
+    def publish(
+        self, path: Path, version: int, shard_size: int = DEFAULT_SHARD_SIZE, protect: Collection[int] = ()
+    ) -> Manifest:
+        """Origin: split the checkpoint file into shards as ``version``, then prune (sparing the versions
+        in ``protect``). Returns the manifest."""
         if version in self._manifests:
             raise ValueError(f"version {version} already published")
         tmp = Path(tempfile.mkdtemp(dir=self.root, prefix=f".publish-{version}-"))
@@ -158,7 +161,7 @@ class WeightStore:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         self._add(manifest, set(range(len(manifest.shards))))
-        self.prune()
+        self.prune(protect)
         return manifest
 
     def add_manifest(self, manifest: Manifest) -> None:
@@ -211,9 +214,9 @@ class WeightStore:
                 await ev.wait()
         return self._manifest_bytes.get(version)
 
-    def prune(self) -> list[int]:
-        """Drop all but the newest ``keep`` versions; returns the versions removed."""
-        old = sorted(self._manifests)[: -self.keep]
+    def prune(self, protect: Collection[int] = ()) -> list[int]:
+        """Drop all but the newest ``keep`` versions and those in ``protect``; returns the versions removed."""
+        old = [v for v in sorted(self._manifests)[: -self.keep] if v not in protect]
         for v in old:
             del self._manifests[v], self._manifest_bytes[v], self._present[v]
             for key in [k for k in self._waiters if k[0] == v]:

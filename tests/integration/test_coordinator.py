@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
+from eth_account import Account
 
 from node import ops, protocol
+from node.chain.deployment import Deployment
 from node.p2p.network import PoolNetwork
 from node.p2p.rules import Membership
 from pool.coordinator import Coordinator, CoordinatorConfig
@@ -65,3 +68,73 @@ async def test_silent_member_is_ejected_and_heartbeating_one_stays(chain: World,
     async with await chain.client(None) as reader:
         ejected = [e for e in await reader.events(["PoolManager"]) if e.name == "NodeEjected"]
     assert [(e.args["node"], e.args["by"]) for e in ejected] == [(chain.node.address, chain.coordinator.address)]
+
+
+async def test_an_open_task_is_reissued_until_the_policy_moves_past_it(chain: World, tmp_path: Path) -> None:
+    """Asking again returns the same open task (no second seed to pick from) while its policy version is
+    still usable; once the policy moved more than `async_level` versions on (the worker was down), the
+    task is superseded by a fresh one and a late submission for it is refused with its own reason."""
+    pid = await _pool_with_two_members(chain)
+    cfg = CoordinatorConfig(
+        pool_id=pid,
+        data_dir=tmp_path / "coord",
+        rpc_url=chain.url,
+        deployment=chain.deployment,
+        listen="/ip4/127.0.0.1/tcp/0",
+        model="tiny",
+        async_level=2,
+    )
+    coord = Coordinator(cfg, chain.coordinator)
+    async with trio.open_nursery() as nursery:
+        addrs = await nursery.start(coord.run)
+        peer = str(addrs[0]).rsplit("/p2p/", 1)[1]
+
+        def members() -> Membership:
+            return Membership(pid, chain.coordinator.address, frozenset(), frozenset({chain.node.address}))
+
+        async with PoolNetwork(private_key=bytes(chain.node.key), pool=pid, membership=members) as net:
+            await net.connect(addrs[0])
+
+            async def ask(proto: str, body: dict[str, object]) -> dict[str, object]:
+                return protocol.reply_body(await net.node.request(peer, proto, protocol.pack(body), timeout=30), "t")
+
+            first = protocol.Task.from_wire((await ask(protocol.TASK_PROTOCOL, {}))["task"])
+            assert first.policy_version == 0
+            assert protocol.Task.from_wire((await ask(protocol.TASK_PROTOCOL, {}))["task"]) == first
+            coord.cfg.policy_version = 2  # still within async_level: the same task
+            assert protocol.Task.from_wire((await ask(protocol.TASK_PROTOCOL, {}))["task"]) == first
+            coord.cfg.policy_version = 3  # the task's rollouts would be stale: a fresh task
+            second = protocol.Task.from_wire((await ask(protocol.TASK_PROTOCOL, {}))["task"])
+            assert second.task_id != first.task_id
+            assert (second.policy_version, second.min_policy_version) == (3, 1)
+            assert protocol.Task.from_wire((await ask(protocol.TASK_PROTOCOL, {}))["task"]) == second
+            with pytest.raises(protocol.ProtocolError, match="replaced after the policy moved on"):
+                await ask(protocol.SUBMIT_PROTOCOL, {"work_key": "0x" + "11" * 32, "task_id": first.task_id})
+        nursery.cancel_scope.cancel()
+    assert coord.rejected["task-superseded"] == 1
+
+
+def test_checkpoints_current_within_the_retention_time_stay_served(tmp_path: Path) -> None:
+    """A version stays served while it was current within `keep_checkpoint_seconds` (a validator that
+    fell behind still needs the weights a rollout claims), whatever `keep_checkpoints` says."""
+    cfg = CoordinatorConfig(
+        pool_id=1,
+        data_dir=tmp_path,
+        rpc_url="http://127.0.0.1:1",
+        deployment=Deployment(chain_id=31337, contracts={}, block=0),
+        keep_checkpoint_seconds=600.0,
+    )
+    coord = Coordinator(cfg, Account.create())
+    now = 10_000.0
+    # version n was produced at `now - 100 * (8 - n)`: v8 now-0, v7 now-100, ..., v1 now-700
+    for n in range(1, 9):
+        coord.store.execute(
+            "INSERT INTO steps(version, mean_reward, files, samples, stale, versions, seconds, manifest_hash, at) "
+            "VALUES(?, 0, 1, 1, 0, '[]', 0, '', ?)",
+            (n, now - 100.0 * (8 - n)),
+        )
+    # v2 was produced at now-600 and v1 was current until then: both kept; v0 (superseded at now-700) not
+    assert coord.retained_versions(9, now) == set(range(1, 10))
+    assert coord.retained_versions(9, now + 250) == set(range(4, 10))  # v3 superseded at now-400
+    coord.cfg.keep_checkpoint_seconds = 0.0
+    assert coord.retained_versions(9, now + 10_000) == {8, 9}

@@ -209,6 +209,11 @@ async def test_prune_keeps_last_versions(tmp_path: Path) -> None:
             await download(v, manifests[v].manifest_hash(), [url], tmp_path / "w", keep=1, timeout=10)
         assert [p.name for p in (tmp_path / "w").iterdir()] == ["4"]
         nursery.cancel_scope.cancel()
+    # versions a validator may still need are spared beyond `keep`
+    store.publish(_checkpoint(tmp_path, 10_005), 5, shard_size=4096, protect={3})
+    assert store.versions() == [3, 4, 5]
+    store.publish(_checkpoint(tmp_path, 10_006), 6, shard_size=4096)
+    assert store.versions() == [5, 6]
 
 
 def test_bench_small_run() -> None:
