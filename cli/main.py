@@ -963,6 +963,68 @@ def rollout_verify(file: str, model: str | None, thresholds: str | None, dtype: 
         sys.exit(1)
 
 
+# ---------------------------------------------------------------------------------------- eval
+
+
+@cli.command("eval")
+@click.option("--model", default="tiny", show_default=True, help="The pool's base model (tiny, smollm2 or a folder).")
+@click.option(
+    "--checkpoint",
+    "checkpoints",
+    multiple=True,
+    metavar="LABEL=FOLDER",
+    help="A policy checkpoint folder (the coordinator's checkpoints/v<N>); repeatable. `base` is always first.",
+)
+@click.option(
+    "--env", "env_name", type=click.Choice(["math", "thinking-budget"]), default="thinking-budget", show_default=True
+)
+@click.option("--problems", type=click.IntRange(min=2), default=32, show_default=True, help="Held-out problems.")
+@click.option("--samples", type=click.IntRange(min=1), default=8, show_default=True, help="Completions per problem.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=48, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Which held-out set (and sampling seed).")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def eval_cmd(
+    model: str,
+    checkpoints: tuple[str, ...],
+    env_name: str,
+    problems: int,
+    samples: int,
+    max_tokens: int,
+    seed: int,
+    as_json: bool,
+) -> None:
+    """Score the base model and policy checkpoints on the same held-out problems with the same sampling
+    seeds (a paired comparison), and print each one's mean reward and its gain over the base model."""
+    from pool.evaluate import evaluate
+
+    cps: dict[str, Path | None] = {"base": None}
+    for item in checkpoints:
+        label, sep, folder = item.partition("=")
+        if not sep or not label or not folder:
+            raise click.BadParameter(f"{item!r} is not LABEL=FOLDER", param_hint="--checkpoint")
+        if label in cps:
+            raise click.BadParameter(f"label {label!r} given twice", param_hint="--checkpoint")
+        cps[label] = Path(folder).expanduser()
+    try:
+        ev = evaluate(
+            model, cps, env_name=env_name, problems=problems, samples=samples, max_tokens=max_tokens, seed=seed,
+            progress=None if as_json else click.echo,
+        )  # fmt: skip
+    except FileNotFoundError as exc:
+        raise ChainError(str(exc), "pass the folder the coordinator saved (it holds model.safetensors)") from None
+    data = ev.to_dict()
+    data["gain_over_base"] = {}
+    lines = [f"{problems} held-out {env_name} problems x {samples} samples, {ev.seconds:.0f} s"]
+    for label in cps:
+        line = f"  {label:>10}: mean reward {ev.mean(label):+.3f}"
+        if label != "base":
+            g, se = ev.gain("base", label)
+            data["gain_over_base"][label] = {"gain": g, "se": se}
+            line += f"  ({g:+.3f} +- {se:.3f} over base)"
+        lines.append(line)
+    output(Settings(None, "", None, as_json), data, lines)
+
+
 # ---------------------------------------------------------------------------------------- devnet
 
 
@@ -1003,6 +1065,14 @@ def rollout_verify(file: str, model: str | None, thresholds: str | None, dtype: 
 @click.option("--timeout", type=float, default=900, show_default=True, help="Give up after this many seconds.")
 @click.option("--chain-only", is_flag=True, help="Only the chain side: a pool with one joined node, no daemons.")
 @click.option("--keep-running", is_flag=True, help="Keep anvil running until Ctrl-C.")
+@click.option(
+    "--eval",
+    "eval_problems",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="After training, score the base and final policies on this many held-out problems (0: off).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def devnet_cmd(
     workdir: str,
@@ -1022,6 +1092,7 @@ def devnet_cmd(
     timeout: float,
     chain_only: bool,
     keep_running: bool,
+    eval_problems: int,
     as_json: bool,
 ) -> None:
     """Run the local devnet: anvil, contracts, a pool, a coordinator, workers, a validator (and with
@@ -1048,6 +1119,7 @@ def devnet_cmd(
             adversary_kind=adversary_kind,
             report=Path(report) if report else None,
             timeout=timeout,
+            eval_problems=eval_problems,
         )
     )
 

@@ -41,6 +41,7 @@ from node.p2p.host import identity_from_eth_key
 from .deploy import TOKEN, DeployParams, deploy
 
 ROOT = Path(__file__).resolve().parent.parent
+DEVNET_MAX_TOKENS = 48
 
 
 def task_spec(model: str, env: str) -> dict[str, Any]:
@@ -68,6 +69,7 @@ class DevnetOptions:
     train: bool | None = None  # None: on for the tiny model or with a GPU (SmolLM2 steps take minutes on a CPU)
     train_files: int = 2
     seed: int | None = None  # fixed task seeds for the coordinator
+    eval_problems: int = 0  # after training: score the base and final policies on this many held-out problems
     steps: int = 3
     workers: int = 2
     adversary: bool = False
@@ -236,7 +238,7 @@ def make_procs(opts: DevnetOptions, url: str, roles: Roles, pool_id: int, coord_
         ["coordinator", "--pool", str(pool_id), "--listen", f"/ip4/127.0.0.1/tcp/{coord_port}",
          "--model", opts.model, "--env", opts.env, "--record-every", "2", "--eject-after", "900",
          "--weights", f"127.0.0.1:{free_port()}", "--train-files", str(opts.train_files),
-         "--train" if opts.train else "--no-train", "--group-size", "8", "--max-tokens", "48",
+         "--train" if opts.train else "--no-train", "--group-size", "8", "--max-tokens", str(DEVNET_MAX_TOKENS),
          "--lr", "3e-4" if opts.model.startswith("tiny") else "1e-5"]
         + (["--seed", str(opts.seed)] if opts.seed is not None else []),
         roles.coordinator,
@@ -492,6 +494,8 @@ def run_devnet(opts: DevnetOptions) -> dict[str, Any]:
             report["problems"] = problems
             summary = report
             curve = report["training"]["reward_curve"]
+            if curve and opts.eval_problems:
+                report["training"]["eval"] = held_out_eval(opts, len(curve), say)
             if curve:
                 from .plot import line_chart
 
@@ -515,6 +519,33 @@ def run_devnet(opts: DevnetOptions) -> dict[str, Any]:
         if not opts.chain_only and summary["problems"]:
             raise DevnetFailed("devnet outcome is wrong: " + "; ".join(summary["problems"]))
     return summary
+
+
+def held_out_eval(opts: DevnetOptions, version: int, say: Any) -> dict[str, Any]:
+    """`intellect-node eval` of the base model against the final policy version (in its own process:
+    one vLLM engine per process), on held-out problems with paired sampling seeds."""
+    ckpt = opts.workdir / "coordinator" / "checkpoints" / f"v{version}"
+    out = opts.workdir / "eval.json"
+    say(f"evaluating the base model and policy version {version} on {opts.eval_problems} held-out problems")
+    argv = cli_argv(
+        "eval", "--model", opts.model, "--env", opts.env, "--checkpoint", f"final={ckpt}",
+        "--problems", str(opts.eval_problems), "--max-tokens", str(DEVNET_MAX_TOKENS), "--json",
+    )  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INTELLECT_")}
+    with open(opts.workdir / "eval.log", "wb") as log_file:
+        p = subprocess.run(
+            argv, stdout=subprocess.PIPE, stderr=log_file, env=env, cwd=str(ROOT), timeout=900, check=False
+        )
+    if p.returncode != 0:
+        raise DevnetFailed(f"the evaluation failed (exit {p.returncode}); see {opts.workdir / 'eval.log'}")
+    out.write_bytes(p.stdout)
+    data: dict[str, Any] = json.loads(p.stdout)
+    data["version"] = version
+    g = data["gain_over_base"]["final"]
+    m = data["mean_reward"]
+    say(f"  held-out mean reward: base {m['base']:+.3f}, v{version} {m['final']:+.3f} "
+        f"(gain {g['gain']:+.3f} +- {g['se']:.3f})")  # fmt: skip
+    return data
 
 
 def chain_summary(url: str, opts: DevnetOptions, roles: Roles, pool_id: int, dep: Any) -> dict[str, Any]:
