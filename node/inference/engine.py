@@ -121,6 +121,8 @@ def _configure_vllm_env(gpu: bool) -> None:
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+    # vLLM logs to stdout by default; commands keep stdout for their own output (`--json`)
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     # A private but persistent cache: vLLM stores its per-architecture "model info" there. On a miss it
     # inspects the model class in a fresh subprocess that imports vLLM (~9 s on 2 cores), so a throw-away
     # cache dir would cost that on every engine start.
