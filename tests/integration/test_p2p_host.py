@@ -376,3 +376,51 @@ async def test_signed_peer_records_are_cached_yet_still_exchanged() -> None:
         assert any(key[:2] == (b.peer_id.to_bytes(), a.peer_id.to_bytes()) for key in host_module._spr_seen)
         assert len(host_module._spr_seen) <= host_module._SPR_SEEN_MAX
         nursery.cancel_scope.cancel()
+
+
+async def test_yamux_credit_goes_back_in_batches_not_per_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Receiving a stream of small gossip messages costs few WINDOW_UPDATE frames (go-yamux batching:
+    credit returns once half the window was consumed), not one per read as py-libp2p's default does;
+    and a bulk transfer larger than the window still flows (no stall)."""
+    from libp2p.stream_muxer.yamux.yamux import YamuxStream
+
+    updates = 0
+    original = YamuxStream.send_window_update
+
+    async def counting(self: YamuxStream, *args: object, **kw: object) -> None:
+        nonlocal updates
+        updates += 1
+        await original(self, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(YamuxStream, "send_window_update", counting)
+    n_msgs = 300
+    got: list[tuple[bytes, str, float]] = []
+    async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
+        a, b = await start(stack, 2, max_request_size=8 * 1024 * 1024)
+        await b.connect(a.listen_addrs[0])
+        await a.wait_for_topic_peers(TOPIC, 1)
+        await b.wait_for_topic_peers(TOPIC, 1)
+        nursery.start_soon(collect, b.subscribe(TOPIC), got, n_msgs)
+        await trio.sleep(0.05)
+        before = updates
+        for i in range(n_msgs):
+            await a.publish(TOPIC, struct.pack(">I", i) + bytes(200))
+        with trio.fail_after(10):
+            while len(got) < n_msgs:
+                await trio.sleep(0.01)
+        assert len({d[:4] for d, _, _ in got}) == n_msgs
+        per_message = (updates - before) / n_msgs
+        print(f"\n[p2p] {updates - before} window updates for {n_msgs} gossip messages")
+        assert per_message < 0.1, per_message
+
+        # 4 MB request/response body: many times the initial 256 KiB window, so credit must come back
+        big = os.urandom(4 * 1024 * 1024)
+
+        async def echo_len(data: bytes, sender: str) -> bytes:
+            return struct.pack(">I", len(data)) + data[-16:]
+
+        b.set_handler("/test/bulk/1", echo_len)
+        with trio.fail_after(30):
+            reply = await a.request(b.peer_id, "/test/bulk/1", big, timeout=30)
+        assert reply == struct.pack(">I", len(big)) + big[-16:]
+        nursery.cancel_scope.cancel()
