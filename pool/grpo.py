@@ -216,7 +216,8 @@ class Trainer:
 
     Under `torch.distributed` (torchrun), the model is sharded with FSDP2 on `cuda:LOCAL_RANK`; every rank
     must call `step` with the same files (each trains on its slice of the samples) and `save` (a
-    collective; rank 0 writes). Not exercised on this CPU machine.
+    collective; rank 0 writes). Without GPUs the ranks train on CPU over gloo: `test_fsdp.py` checks that two
+    ranks end with the same weights as one process.
     """
 
     def __init__(

@@ -4,6 +4,7 @@ stays, a member that goes silent is ejected on chain."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -31,8 +32,7 @@ async def _pool_with_two_members(chain: World) -> int:
         return pid
 
 
-async def test_silent_member_is_ejected_and_heartbeating_one_stays(chain: World, tmp_path: Path) -> None:
-    pid = await _pool_with_two_members(chain)
+def _coordinator(chain: World, pid: int, tmp_path: Path, **kw: Any) -> Coordinator:
     cfg = CoordinatorConfig(
         pool_id=pid,
         data_dir=tmp_path / "coord",
@@ -40,10 +40,14 @@ async def test_silent_member_is_ejected_and_heartbeating_one_stays(chain: World,
         deployment=chain.deployment,
         listen="/ip4/127.0.0.1/tcp/0",
         model="tiny",
-        eject_after=6.0,
-        heartbeat_grace=0.0,
+        **kw,
     )
-    coord = Coordinator(cfg, chain.coordinator)
+    return Coordinator(cfg, chain.coordinator)
+
+
+async def test_silent_member_is_ejected_and_heartbeating_one_stays(chain: World, tmp_path: Path) -> None:
+    pid = await _pool_with_two_members(chain)
+    coord = _coordinator(chain, pid, tmp_path, eject_after=6.0, heartbeat_grace=0.0)
     async with await chain.client(None) as reader, trio.open_nursery() as nursery:
         addrs = await nursery.start(coord.run)
 
@@ -75,16 +79,7 @@ async def test_an_open_task_is_reissued_until_the_policy_moves_past_it(chain: Wo
     still usable; once the policy moved more than `async_level` versions on (the worker was down), the
     task is superseded by a fresh one and a late submission for it is refused with its own reason."""
     pid = await _pool_with_two_members(chain)
-    cfg = CoordinatorConfig(
-        pool_id=pid,
-        data_dir=tmp_path / "coord",
-        rpc_url=chain.url,
-        deployment=chain.deployment,
-        listen="/ip4/127.0.0.1/tcp/0",
-        model="tiny",
-        async_level=2,
-    )
-    coord = Coordinator(cfg, chain.coordinator)
+    coord = _coordinator(chain, pid, tmp_path, async_level=2)
     async with trio.open_nursery() as nursery:
         addrs = await nursery.start(coord.run)
         peer = str(addrs[0]).rsplit("/p2p/", 1)[1]
