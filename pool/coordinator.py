@@ -562,6 +562,10 @@ class Coordinator:
         ckpts = self.cfg.data_dir / "checkpoints"
         source = ckpts / f"v{v}" if v > 0 else self.tools.path
         trainer = Trainer(source, lr=self.cfg.lr, async_level=self.cfg.async_level, seed=v)
+        if trainer.load_optimizer(source):
+            log.info("resumed the optimizer state of policy version %d", v)
+        elif v > 0:
+            log.warning("no optimizer state saved with policy version %d: AdamW starts afresh", v)
         # after a restart: the weights of the versions rollouts may still come from, for their old log-probs
         for old in range(max(0, v - self.cfg.async_level), v):
             folder = ckpts / f"v{old}" if old > 0 else self.tools.path
@@ -615,7 +619,16 @@ class Coordinator:
                 files.append(RolloutFile.from_bytes(data, max_bytes=cfg.max_rollout_bytes))
         stats = await trio.to_thread.run_sync(self.trainer.step, files, v)
         new = v + 1
-        ckpt = await trio.to_thread.run_sync(self.trainer.save, cfg.data_dir / "checkpoints" / f"v{new}")
+        from pool.grpo import OPTIMIZER_FILE
+
+        trainer = self.trainer
+
+        def save() -> Path:
+            folder = trainer.save(cfg.data_dir / "checkpoints" / f"v{new}")
+            trainer.save_optimizer(folder)
+            return folder
+
+        ckpt = await trio.to_thread.run_sync(save)
         protect = self.retained_versions(new, time.time())
         manifest = await trio.to_thread.run_sync(
             lambda: self.weights.publish(ckpt / "model.safetensors", new, protect=protect)
@@ -653,6 +666,8 @@ class Coordinator:
             n = int(old.name[1:]) if old.name[1:].isdigit() else None
             if n is not None and n <= new - cfg.keep_checkpoints and n not in protect:
                 shutil.rmtree(old, ignore_errors=True)
+            elif n is not None and n < new:  # the optimizer state is only needed to resume from the newest
+                (old / OPTIMIZER_FILE).unlink(missing_ok=True)
         log.info(
             "policy step -> version %d: mean reward %.3f over %d files (versions %s), %d samples trained, %.1f s",
             new, stats.mean_reward, len(files), versions, stats.samples_trained, stats.seconds,

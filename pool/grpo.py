@@ -44,6 +44,7 @@ WEIGHT_FILES = (
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
 )
+OPTIMIZER_FILE = "optimizer.pt"  # AdamW state next to the newest checkpoint (see Trainer.save_optimizer)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -294,6 +295,7 @@ class Trainer:
             if self.ref_model is not None:
                 self._shard(self.ref_model)
         self.model.train()
+        self.lr = lr
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
         self.steps = 0
 
@@ -596,7 +598,8 @@ class Trainer:
             tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
             try:
                 for src in self.model_dir.iterdir():
-                    if src.is_file() and src.name not in WEIGHT_FILES and not src.name.endswith(".safetensors"):
+                    skip = src.name in WEIGHT_FILES or src.name == OPTIMIZER_FILE or src.name.endswith(".safetensors")
+                    if src.is_file() and not skip:
                         shutil.copy2(src, tmp / src.name)
                 save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
                 (tmp / "trainer.json").write_text(json.dumps({"steps": self.steps, "source": str(self.model_dir)}))
@@ -609,6 +612,29 @@ class Trainer:
         if self.distributed:
             torch.distributed.barrier()
         return path
+
+    def save_optimizer(self, folder: Path) -> Path:
+        """Write AdamW's state (moments and step counts) into checkpoint `folder` (single process), so a
+        trainer restarted from that checkpoint goes on with the same update scale instead of Adam's
+        first-step jolt (a fresh Adam moves every weight by about lr at its first step)."""
+        if self.distributed:
+            raise RuntimeError("save_optimizer() is for the single-process trainer")
+        out = Path(folder) / OPTIMIZER_FILE
+        tmp = out.with_name(out.name + ".tmp")
+        torch.save(self.optimizer.state_dict(), tmp)
+        os.replace(tmp, out)
+        return out
+
+    def load_optimizer(self, folder: Path) -> bool:
+        """Restore AdamW's state saved in checkpoint `folder`; False if there is none. The learning rate
+        stays this trainer's own (a restart may change it)."""
+        f = Path(folder) / OPTIMIZER_FILE
+        if self.distributed or not f.is_file():
+            return False
+        self.optimizer.load_state_dict(torch.load(f, map_location=self.device, weights_only=True))
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr
+        return True
 
 
 def _dummy_sample(pad_id: int) -> RolloutSample:

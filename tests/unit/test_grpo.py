@@ -255,3 +255,30 @@ def test_old_logprobs_come_from_the_version_that_generated_the_sample(micro_mode
     told.step([f0], 2)
     told.step([_file(3, [[1.0, 0.0]])], 3)
     assert sorted(told._history) == [1, 2, 3]
+
+
+def test_optimizer_state_resumes_after_a_restart(micro_model: Path, tmp_path: Path) -> None:
+    """A trainer restarted from a checkpoint and its saved AdamW state takes exactly the step the
+    uninterrupted trainer takes; without the state (a fresh AdamW) the step differs."""
+    f0 = _file(0, [[1.0, 0.0, 0.3, 0.9], [0.1, 0.2, 0.7]], seed=3)
+    f1 = _file(1, [[0.0, 1.0, 0.4], [0.9, 0.1, 0.3, 0.6]], seed=4)
+    straight = Trainer(micro_model, lr=1e-2, async_level=0)
+    straight.step([f0], 0)
+    straight.step([f1], 1)
+
+    first = Trainer(micro_model, lr=1e-2, async_level=0)
+    first.step([f0], 0)
+    ckpt = first.save(tmp_path / "v1")
+    assert first.save_optimizer(ckpt).name == "optimizer.pt"
+    resumed = Trainer(ckpt, lr=1e-2, async_level=0)
+    assert resumed.load_optimizer(ckpt)
+    resumed.step([f1], 1)
+    fresh = Trainer(ckpt, lr=1e-2, async_level=0)
+    assert not fresh.load_optimizer(tmp_path)  # nothing saved there
+    fresh.step([f1], 1)
+
+    want, got, other = _weights(straight), _weights(resumed), _weights(fresh)
+    assert all(torch.allclose(want[k], got[k], atol=1e-7) for k in want)
+    assert any(not torch.allclose(want[k], other[k], atol=1e-4) for k in want)
+    # a checkpoint written from a resumed trainer carries no stale optimizer file of its source
+    assert not (resumed.save(tmp_path / "v2") / "optimizer.pt").exists()
