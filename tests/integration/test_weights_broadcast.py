@@ -229,3 +229,51 @@ def test_bench_small_run() -> None:
     assert result["clients"] == 4 and result["size_mb"] == 4
     assert result["bytes_verified"] == 2 * 4 * 4 * 1024 * 1024
     assert result["speedup"] > 1
+
+
+async def test_worker_fetches_the_version_an_older_task_allows(tmp_path: Path) -> None:
+    """A task issued before a restart allows versions 1..2 while the newest announcement is version 3
+    (a worker only fetches the newest version as announcements arrive): the worker downloads version 2
+    from the origin, loads it and generates with it, instead of waiting for a version it never fetches."""
+    from eth_account import Account
+
+    from node import protocol
+    from node.chain.deployment import Deployment
+    from node.policy import PolicyAnnouncement
+    from node.worker import Worker, WorkerConfig
+
+    origin = WeightStore(tmp_path / "origin", keep=4)
+    manifests, sources = {}, {}
+    for v in (1, 2, 3):
+        src = _checkpoint(tmp_path, 5_000 + v)
+        sources[v] = src.read_bytes()
+        manifests[v] = origin.publish(src, v, shard_size=4096)
+    cfg = WorkerConfig(
+        pool_id=1,
+        data_dir=tmp_path / "worker",
+        rpc_url="http://127.0.0.1:1",
+        deployment=Deployment(chain_id=31337, contracts={}, block=0),
+        policy_wait=30.0,
+        fresh_wait=1.0,
+    )
+    worker = Worker(cfg, Account.create(), Account.create())
+    loaded: list[Path] = []
+
+    class Engine:  # records what the worker hot-loads (vLLM's reload is tested in test_engine.py)
+        def reload_weights(self, path: Path) -> None:
+            loaded.append(path)
+
+    worker.engine = Engine()
+    task = protocol.Task("t-1", 1, "0x" + "11" * 20, "math", 7, 1, 1, {"temperature": 1.0, "max_tokens": 8},
+                         policy_version=2, model="tiny", issued_at=0.0, expires_at=1e12, min_policy_version=1)  # fmt: skip
+    async with trio.open_nursery() as nursery:
+        url, _ = await _serve(nursery, origin)
+        worker._nursery = nursery
+        history = {v: m.manifest_hash() for v, m in manifests.items()}
+        worker.book.update(PolicyAnnouncement(3, "tiny", history[3], [url], history))
+        with trio.fail_after(20):
+            version = await worker.ensure_policy(task)
+        assert version == 2 and worker.loaded_version == 2
+        assert loaded == [worker.downloaded[2]]
+        assert loaded[0].read_bytes() == sources[2]
+        nursery.cancel_scope.cancel()
