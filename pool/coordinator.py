@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import trio
 from eth_account.signers.local import LocalAccount
@@ -224,7 +225,7 @@ class Coordinator:
                     port = await nursery.start(
                         functools.partial(
                             serve_weights, self.weights, cfg.weights_host, cfg.weights_port,
-                            rate_limit_bytes_per_s=cfg.weights_rate,
+                            rate_limit_bytes_per_s=cfg.weights_rate, relay_hosts=self.relay_hosts,
                         )
                     )  # fmt: skip
                     self.origin_url = f"http://{cfg.weights_host}:{port}"
@@ -528,6 +529,12 @@ class Coordinator:
                 except ChainError as exc:
                     log.warning("ejecting %s failed: %s", node, exc)
                 self.heartbeats.pop(node, None)
+
+    def relay_hosts(self) -> set[str]:
+        """IP addresses of the relays heard from within the last minute: only their requests to the
+        origin get relay priority (the header alone could be sent by anyone)."""
+        now = time.time()
+        return {h for url, t in self.relays.items() if now - t <= 60.0 and (h := urlsplit(url).hostname)}
 
     def announcement(self) -> PolicyAnnouncement:
         rows = self.store.query("SELECT version, manifest_hash FROM steps ORDER BY version DESC LIMIT ?", (HISTORY,))

@@ -386,10 +386,22 @@ async def _next_event(stream: trio.SocketStream, conn: h11.Connection) -> Any:
         return ev
 
 
+def _peer_host(stream: trio.SocketStream) -> str:
+    try:
+        return str(stream.socket.getpeername()[0])
+    except (OSError, IndexError):
+        return ""
+
+
 async def _serve_connection(
-    stream: trio.SocketStream, store: WeightStore, limiter: RateLimiter | None, shard_wait: float
+    stream: trio.SocketStream,
+    store: WeightStore,
+    limiter: RateLimiter | None,
+    shard_wait: float,
+    relay_hosts: Callable[[], Collection[str]] | None = None,
 ) -> None:
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+    peer = _peer_host(stream) if relay_hosts is not None else ""
     try:
         for _ in range(MAX_REQUESTS_PER_CONNECTION):
             try:
@@ -403,7 +415,9 @@ async def _serve_connection(
                     if not isinstance(part, h11.Data) or len(part.data) > 0:
                         await _send_json(stream, conn, 413, {"error": "no request body expected"})
                         return
-                high = any(k == RELAY_HEADER and v == b"1" for k, v in ev.headers)
+                high = any(k == RELAY_HEADER and v == b"1" for k, v in ev.headers) and (
+                    relay_hosts is None or peer in relay_hosts()
+                )
                 await _respond(stream, conn, store, limiter, ev.method, ev.target, shard_wait, high)
             except h11.RemoteProtocolError as exc:
                 if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
@@ -426,12 +440,16 @@ async def serve_weights(
     rate_limit_bytes_per_s: float | None = None,
     max_connections: int = MAX_CONNECTIONS,
     shard_wait: float = SHARD_WAIT,
+    relay_hosts: Callable[[], Collection[str]] | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``store`` on ``host:port`` until cancelled; reports the bound port via ``task_status``.
 
     ``port = await nursery.start(serve_weights, store, "127.0.0.1", 0)``. Connections over
     ``max_connections`` are closed at once; ``rate_limit_bytes_per_s`` caps the whole node's upload.
+    Requests with the relay header are served first under the cap (strict priority). With
+    ``relay_hosts`` (the IP addresses of the known relays, asked per request) only connections from
+    those addresses get that priority, so an ordinary client cannot claim it and starve the others.
     """
     limiter = RateLimiter(rate_limit_bytes_per_s) if rate_limit_bytes_per_s else None
     listeners = await trio.open_tcp_listeners(port, host=host)
@@ -444,7 +462,7 @@ async def serve_weights(
 
     async def handle(stream: trio.SocketStream) -> None:
         try:
-            await _serve_connection(stream, store, limiter, shard_wait)
+            await _serve_connection(stream, store, limiter, shard_wait, relay_hosts)
         finally:
             slots.used -= 1
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -27,13 +28,17 @@ def _checkpoint(tmp_path: Path, size: int) -> Path:
     return path
 
 
-async def _serve(nursery: trio.Nursery, store: WeightStore, rate: float | None = None) -> tuple[str, trio.CancelScope]:
+async def _serve(
+    nursery: trio.Nursery, store: WeightStore, rate: float | None = None, relay_hosts: Any = None
+) -> tuple[str, trio.CancelScope]:
     """Start a server in its own cancel scope (cancel it to kill the node); returns (url, scope)."""
     scope = trio.CancelScope()
 
     async def run(task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         with scope:
-            await serve_weights(store, "127.0.0.1", 0, rate_limit_bytes_per_s=rate, task_status=task_status)
+            await serve_weights(
+                store, "127.0.0.1", 0, rate_limit_bytes_per_s=rate, relay_hosts=relay_hosts, task_status=task_status
+            )
 
     port = await nursery.start(run)
     return f"http://127.0.0.1:{port}", scope
@@ -277,3 +282,30 @@ async def test_worker_fetches_the_version_an_older_task_allows(tmp_path: Path) -
         assert loaded == [worker.downloaded[2]]
         assert loaded[0].read_bytes() == sources[2]
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+async def test_relay_priority_only_for_known_relay_hosts(tmp_path: Path, trusted: bool) -> None:
+    """Under the upload cap a request with the relay header is served first (strict priority), but only
+    from an address the origin knows as a relay's; from anywhere else the header buys nothing."""
+    origin = WeightStore(tmp_path / "origin")
+    m = origin.publish(_checkpoint(tmp_path, 600_000), 1, shard_size=600_000)
+    hosts = {"127.0.0.1"} if trusted else {"10.9.8.7"}
+    finished: list[str] = []
+    async with trio.open_nursery() as nursery:
+        url, _ = await _serve(nursery, origin, rate=1_000_000, relay_hosts=lambda: hosts)
+
+        async def fetch(name: str, headers: dict[str, str], delay: float) -> None:
+            await trio.sleep(delay)
+            async with httpx.AsyncClient() as http:
+                r = await http.get(f"{url}/v/1/shard/0", headers=headers, timeout=30)
+            assert r.status_code == 200 and len(r.content) == m.shards[0].size
+            finished.append(name)
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as inner:
+                inner.start_soon(fetch, "plain", {}, 0.0)
+                inner.start_soon(fetch, "relay", {"x-weights-relay": "1"}, 0.15)
+        nursery.cancel_scope.cancel()
+    # the plain download started first; a trusted relay overtakes it, an untrusted one does not
+    assert finished == (["relay", "plain"] if trusted else ["plain", "relay"])
