@@ -18,6 +18,8 @@ import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from . import httpd
+
 log = logging.getLogger(__name__)
 
 TOKEN = 10**18
@@ -26,7 +28,6 @@ MAX_BODY_BYTES = 16 * 1024
 MAX_CONNECTIONS = 64
 CONNECTION_TIMEOUT = 10.0
 MAX_REQUESTS_PER_CONNECTION = 100
-RECV_BYTES = 16 * 1024
 
 StatusFn = Callable[[], dict[str, Any]]
 
@@ -117,12 +118,6 @@ class Metrics:
 # ---------------------------------------------------------------------- HTTP
 
 
-class _Slots:
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-
-
 def _response(status: int, body: bytes, content_type: str, close: bool) -> list[h11.Event]:
     headers = [
         ("Content-Type", content_type),
@@ -163,15 +158,6 @@ async def _send(stream: trio.SocketStream, conn: h11.Connection, events: list[h1
             await stream.send_all(data)
 
 
-async def _next_event(stream: trio.SocketStream, conn: h11.Connection) -> Any:
-    while True:
-        ev = conn.next_event()
-        if ev is h11.NEED_DATA:
-            conn.receive_data(await stream.receive_some(RECV_BYTES))
-            continue
-        return ev
-
-
 async def _serve_connection(
     stream: trio.SocketStream,
     metrics: Metrics,
@@ -184,12 +170,12 @@ async def _serve_connection(
         with trio.move_on_after(timeout):
             for _ in range(MAX_REQUESTS_PER_CONNECTION):
                 try:
-                    ev = await _next_event(stream, conn)
+                    ev = await httpd.next_event(stream, conn)
                     if not isinstance(ev, h11.Request):
                         return  # ConnectionClosed, or a peer that went quiet between requests
                     body = 0
                     while True:
-                        part = await _next_event(stream, conn)
+                        part = await httpd.next_event(stream, conn)
                         if isinstance(part, h11.Data):
                             body += len(part.data)
                             if body > MAX_BODY_BYTES:
@@ -214,63 +200,6 @@ async def _serve_connection(
         await trio.aclose_forcefully(stream)
 
 
-async def _accept_loop(
-    listener: trio.SocketListener,
-    nursery: trio.Nursery,
-    slots: _Slots,
-    metrics: Metrics,
-    status_fn: StatusFn | None,
-    max_head_bytes: int,
-    timeout: float,
-) -> None:
-    async def handle(stream: trio.SocketStream) -> None:
-        try:
-            await _serve_connection(stream, metrics, status_fn, max_head_bytes, timeout)
-        finally:
-            slots.used -= 1
-
-    async def refuse(stream: trio.SocketStream) -> None:
-        # Over the cap: a short 503, bounded by a short deadline, then close.
-        try:
-            with trio.move_on_after(1.0):
-                body = b'{"error": "too many connections"}'
-                head = (
-                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                    b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
-                )
-                await stream.send_all(head + body)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass
-        finally:
-            await trio.aclose_forcefully(stream)
-
-    refusing = 0
-    while True:
-        try:
-            stream = await listener.accept()
-        except OSError as exc:  # e.g. out of file descriptors: back off instead of spinning
-            log.warning("metrics server accept failed: %s", exc)
-            await trio.sleep(0.1)
-            continue
-        if slots.used >= slots.limit:
-            if refusing >= slots.limit:  # even the refusals are bounded
-                await trio.aclose_forcefully(stream)
-                continue
-            refusing += 1
-
-            async def refuse_and_count(s: trio.SocketStream = stream) -> None:
-                nonlocal refusing
-                try:
-                    await refuse(s)
-                finally:
-                    refusing -= 1
-
-            nursery.start_soon(refuse_and_count)
-            continue
-        slots.used += 1
-        nursery.start_soon(handle, stream)
-
-
 async def serve_http(
     metrics: Metrics,
     host: str,
@@ -290,18 +219,12 @@ async def serve_http(
     connection lives at most `timeout` seconds; at most `max_connections` are served at once (more
     get a 503 and are closed); a request head over `max_head_bytes` gets a 431/400 and is closed.
     """
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    if port == 0:  # one listener per address family would get different free ports: keep the first
-        for extra in listeners[1:]:
-            await trio.aclose_forcefully(extra)
-        listeners = listeners[:1]
-    bound = int(listeners[0].socket.getsockname()[1])
-    slots = _Slots(max_connections)
-    try:
-        async with trio.open_nursery() as nursery:
-            for listener in listeners:
-                nursery.start_soon(_accept_loop, listener, nursery, slots, metrics, status_fn, max_head_bytes, timeout)
-            task_status.started(bound)
-    finally:
-        for listener in listeners:
-            await trio.aclose_forcefully(listener)
+    listeners, bound = await httpd.open_listeners(host, port)
+
+    async def handle(stream: trio.SocketStream) -> None:
+        await _serve_connection(stream, metrics, status_fn, max_head_bytes, timeout)
+
+    await httpd.serve(
+        listeners, handle, max_connections=max_connections, what="metrics server", started=bound,
+        task_status=task_status,
+    )  # fmt: skip

@@ -31,6 +31,7 @@ import h11
 import httpx
 import trio
 
+from node import httpd
 from node.weights.client import DownloadError, SourceError, fetch_manifest, fetch_shard, make_http_client
 from node.weights.manifest import (
     DEFAULT_SHARD_SIZE,
@@ -268,12 +269,6 @@ class RateLimiter:
 # ---------------------------------------------------------------------- HTTP server
 
 
-class _Slots:
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-
-
 async def _send(stream: trio.SocketStream, conn: h11.Connection, ev: h11.Event) -> None:
     data = conn.send(ev)
     if data:
@@ -376,16 +371,6 @@ async def _respond(
     await _send_json(stream, conn, 404, {"error": "not found"})
 
 
-async def _next_event(stream: trio.SocketStream, conn: h11.Connection) -> Any:
-    while True:
-        ev = conn.next_event()
-        if ev is h11.NEED_DATA:
-            with trio.fail_after(IDLE_TIMEOUT):
-                conn.receive_data(await stream.receive_some(RECV_BYTES))
-            continue
-        return ev
-
-
 def _peer_host(stream: trio.SocketStream) -> str:
     try:
         return str(stream.socket.getpeername()[0])
@@ -405,11 +390,11 @@ async def _serve_connection(
     try:
         for _ in range(MAX_REQUESTS_PER_CONNECTION):
             try:
-                ev = await _next_event(stream, conn)
+                ev = await httpd.next_event(stream, conn, IDLE_TIMEOUT, RECV_BYTES)
                 if not isinstance(ev, h11.Request):
                     return
                 while True:  # GET requests: any body is read and discarded, bounded
-                    part = await _next_event(stream, conn)
+                    part = await httpd.next_event(stream, conn, IDLE_TIMEOUT, RECV_BYTES)
                     if isinstance(part, h11.EndOfMessage):
                         break
                     if not isinstance(part, h11.Data) or len(part.data) > 0:
@@ -446,48 +431,21 @@ async def serve_weights(
     """Serve ``store`` on ``host:port`` until cancelled; reports the bound port via ``task_status``.
 
     ``port = await nursery.start(serve_weights, store, "127.0.0.1", 0)``. Connections over
-    ``max_connections`` are closed at once; ``rate_limit_bytes_per_s`` caps the whole node's upload.
+    ``max_connections`` get a 503 and are closed; ``rate_limit_bytes_per_s`` caps the whole node's upload.
     Requests with the relay header are served first under the cap (strict priority). With
     ``relay_hosts`` (the IP addresses of the known relays, asked per request) only connections from
     those addresses get that priority, so an ordinary client cannot claim it and starve the others.
     """
     limiter = RateLimiter(rate_limit_bytes_per_s) if rate_limit_bytes_per_s else None
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    if port == 0:
-        for extra in listeners[1:]:
-            await trio.aclose_forcefully(extra)
-        listeners = listeners[:1]
-    bound = int(listeners[0].socket.getsockname()[1])
-    slots = _Slots(max_connections)
+    listeners, bound = await httpd.open_listeners(host, port)
 
     async def handle(stream: trio.SocketStream) -> None:
-        try:
-            await _serve_connection(stream, store, limiter, shard_wait, relay_hosts)
-        finally:
-            slots.used -= 1
+        await _serve_connection(stream, store, limiter, shard_wait, relay_hosts)
 
-    async def accept_loop(listener: trio.SocketListener, nursery: trio.Nursery) -> None:
-        while True:
-            try:
-                stream = await listener.accept()
-            except OSError as exc:
-                log.warning("weights server accept failed: %s", exc)
-                await trio.sleep(0.1)
-                continue
-            if slots.used >= slots.limit:
-                await trio.aclose_forcefully(stream)
-                continue
-            slots.used += 1
-            nursery.start_soon(handle, stream)
-
-    try:
-        async with trio.open_nursery() as nursery:
-            for listener in listeners:
-                nursery.start_soon(accept_loop, listener, nursery)
-            task_status.started(bound)
-    finally:
-        for listener in listeners:
-            await trio.aclose_forcefully(listener)
+    await httpd.serve(
+        listeners, handle, max_connections=max_connections, what="weights server", started=bound,
+        task_status=task_status,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------- relay

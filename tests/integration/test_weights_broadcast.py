@@ -309,3 +309,23 @@ async def test_relay_priority_only_for_known_relay_hosts(tmp_path: Path, trusted
         nursery.cancel_scope.cancel()
     # the plain download started first; a trusted relay overtakes it, an untrusted one does not
     assert finished == (["relay", "plain"] if trusted else ["plain", "relay"])
+
+
+async def test_connections_over_the_cap_get_503(tmp_path: Path) -> None:
+    origin = WeightStore(tmp_path / "origin")
+    m = origin.publish(_checkpoint(tmp_path, 10_000), 1, shard_size=4096)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(
+            lambda task_status: serve_weights(origin, "127.0.0.1", 0, max_connections=1, task_status=task_status)
+        )
+        url = f"http://127.0.0.1:{port}"
+        held = await trio.open_tcp_stream("127.0.0.1", port)  # an open connection fills the cap
+        await trio.sleep(0.05)
+        async with httpx.AsyncClient() as http:
+            r = await http.get(f"{url}/v/1/manifest.json", timeout=5)
+            assert r.status_code == 503 and r.json() == {"error": "too many connections"}
+            await held.aclose()
+            await trio.sleep(0.05)
+            r = await http.get(f"{url}/v/1/manifest.json", timeout=5)
+            assert r.status_code == 200 and r.content == m.to_json()
+        nursery.cancel_scope.cancel()

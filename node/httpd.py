@@ -1,0 +1,122 @@
+"""The HTTP/1.1 server core shared by the metrics endpoint (`node.metrics`) and the weight server
+(`node.weights.server`): trio listeners, h11 event reading, and an accept loop with a cap on concurrent
+connections. Each server brings its own per-connection handler (routing, limits, bodies).
+
+Over the cap, a connection gets a short 503 and is closed; the refusals themselves are bounded (at
+most as many in flight as the cap), so a flood of connections costs a bounded amount of work.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import h11
+import trio
+
+log = logging.getLogger(__name__)
+
+RECV_BYTES = 16 * 1024
+_BUSY_BODY = b'{"error": "too many connections"}'
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    b"Content-Length: " + str(len(_BUSY_BODY)).encode() + b"\r\n\r\n" + _BUSY_BODY
+)
+
+Handler = Callable[[trio.SocketStream], Awaitable[None]]
+
+
+async def open_listeners(host: str, port: int) -> tuple[list[trio.SocketListener], int]:
+    """Listeners on `host:port` and the bound port. With port 0 each address family would get a
+    different free port, so only the first listener is kept."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    if port == 0:
+        for extra in listeners[1:]:
+            await trio.aclose_forcefully(extra)
+        listeners = listeners[:1]
+    return listeners, int(listeners[0].socket.getsockname()[1])
+
+
+async def next_event(
+    stream: trio.SocketStream, conn: h11.Connection, idle_timeout: float | None = None, recv_bytes: int = RECV_BYTES
+) -> Any:
+    """The next h11 event, reading from `stream` as needed (each read bounded by `idle_timeout`:
+    `trio.TooSlowError` when the peer goes quiet)."""
+    while True:
+        ev = conn.next_event()
+        if ev is not h11.NEED_DATA:
+            return ev
+        if idle_timeout is None:
+            conn.receive_data(await stream.receive_some(recv_bytes))
+        else:
+            with trio.fail_after(idle_timeout):
+                conn.receive_data(await stream.receive_some(recv_bytes))
+
+
+async def _refuse(stream: trio.SocketStream) -> None:
+    try:
+        with trio.move_on_after(1.0):
+            await stream.send_all(_BUSY)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+async def serve(
+    listeners: list[trio.SocketListener],
+    handle: Handler,
+    *,
+    max_connections: int,
+    what: str,
+    started: Any = None,
+    task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Accept on every listener until cancelled; each connection runs `handle(stream)` (which closes
+    the stream) in its own task, at most `max_connections` at once. `task_status.started(started)` is
+    called once accepting (pass the bound port). The listeners are closed on exit."""
+    used = 0
+    refusing = 0
+
+    async def run(stream: trio.SocketStream) -> None:
+        nonlocal used
+        try:
+            await handle(stream)
+        finally:
+            used -= 1
+
+    async def refuse(stream: trio.SocketStream) -> None:
+        nonlocal refusing
+        try:
+            await _refuse(stream)
+        finally:
+            refusing -= 1
+
+    async def accept_loop(listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        nonlocal used, refusing
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:  # e.g. out of file descriptors: back off instead of spinning
+                log.warning("%s accept failed: %s", what, exc)
+                await trio.sleep(0.1)
+                continue
+            if used >= max_connections:
+                if refusing >= max_connections:  # even the refusals are bounded
+                    await trio.aclose_forcefully(stream)
+                    continue
+                refusing += 1
+                nursery.start_soon(refuse, stream)
+                continue
+            used += 1
+            nursery.start_soon(run, stream)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for listener in listeners:
+                nursery.start_soon(accept_loop, listener, nursery)
+            task_status.started(started)
+    finally:
+        for listener in listeners:
+            await trio.aclose_forcefully(listener)
