@@ -1012,15 +1012,13 @@ def eval_cmd(
         )  # fmt: skip
     except FileNotFoundError as exc:
         raise ChainError(str(exc), "pass the folder the coordinator saved (it holds model.safetensors)") from None
-    data = ev.to_dict()
-    data["gain_over_base"] = {}
+    data = ev.to_dict("base")
     lines = [f"{problems} held-out {env_name} problems x {samples} samples, {ev.seconds:.0f} s"]
     for label in cps:
         line = f"  {label:>10}: mean reward {ev.mean(label):+.3f}"
-        if label != "base":
-            g, se = ev.gain("base", label)
-            data["gain_over_base"][label] = {"gain": g, "se": se}
-            line += f"  ({g:+.3f} +- {se:.3f} over base)"
+        if label in data["gain_over_base"]:
+            g = data["gain_over_base"][label]
+            line += f"  ({g['gain']:+.3f} +- {g['se']:.3f} over base)"
         lines.append(line)
     output(Settings(None, "", None, as_json), data, lines)
 

@@ -18,6 +18,7 @@ from . import protocol
 
 HISTORY = 8
 MAX_SOURCES = 16
+RELAY_MAX_AGE = 60.0  # seconds since a relay's last heartbeat for it to count as live
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,9 @@ def checkpoint_folder(base_model: Path, weights: Path, out: Path) -> Path:
     return out
 
 
-def announcement_sources(origin: str | None, relays: dict[str, float], now: float, max_age: float = 60.0) -> list[str]:
+def announcement_sources(
+    origin: str | None, relays: dict[str, float], now: float, max_age: float = RELAY_MAX_AGE
+) -> list[str]:
     """The origin first, then relays heard from within `max_age` seconds (most recent first)."""
     fresh = sorted((t, url) for url, t in relays.items() if now - t <= max_age)
     out = [origin] if origin else []

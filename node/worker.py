@@ -494,9 +494,7 @@ class Worker:
                     self.relay.upstreams = upstreams
             v = self.book.latest
             if v > 0 and v not in self.downloaded and v not in self._downloading and v in self.book.hashes:
-                assert self._nursery is not None
-                self._downloading.add(v)
-                self._nursery.start_soon(self._download, v)
+                self._start_download(v)
 
     async def _download(self, version: int) -> None:
         from .weights.client import DownloadError, download
@@ -563,11 +561,13 @@ class Worker:
             for v in self.book.hashes
             if task.min_policy_version <= v <= task.policy_version and v > 0 and v not in self.downloaded
         ]
-        if not wanted or self._nursery is None or any(v in self._downloading for v in wanted):
-            return
-        v = max(wanted)
-        self._downloading.add(v)
-        self._nursery.start_soon(self._download, v)
+        if wanted and not any(v in self._downloading for v in wanted):
+            self._start_download(max(wanted))
+
+    def _start_download(self, version: int) -> None:
+        assert self._nursery is not None
+        self._downloading.add(version)
+        self._nursery.start_soon(self._download, version)
 
     # ------------------------------------------------------------------ background
 

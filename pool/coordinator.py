@@ -36,7 +36,7 @@ from node.p2p.blobs import BlobStore, serve_blobs
 from node.p2p.envelope import Envelope
 from node.p2p.membership import ChainMembership
 from node.p2p.network import PoolNetwork
-from node.policy import HISTORY, PolicyAnnouncement, announcement_sources, parse_heartbeat
+from node.policy import HISTORY, RELAY_MAX_AGE, PolicyAnnouncement, announcement_sources, parse_heartbeat
 from node.rollout.file import RolloutFile, RolloutFormatError
 from node.store import Store, settle_journal
 from node.tasks.math import get_env
@@ -531,10 +531,10 @@ class Coordinator:
                 self.heartbeats.pop(node, None)
 
     def relay_hosts(self) -> set[str]:
-        """IP addresses of the relays heard from within the last minute: only their requests to the
-        origin get relay priority (the header alone could be sent by anyone)."""
+        """IP addresses of the live relays (those the announcement lists as sources): only their requests
+        to the origin get relay priority (the header alone could be sent by anyone)."""
         now = time.time()
-        return {h for url, t in self.relays.items() if now - t <= 60.0 and (h := urlsplit(url).hostname)}
+        return {h for url, t in self.relays.items() if now - t <= RELAY_MAX_AGE and (h := urlsplit(url).hostname)}
 
     def announcement(self) -> PolicyAnnouncement:
         rows = self.store.query("SELECT version, manifest_hash FROM steps ORDER BY version DESC LIMIT ?", (HISTORY,))

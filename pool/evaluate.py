@@ -46,7 +46,9 @@ class Evaluation:
         se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("inf")
         return statistics.fmean(diffs), se
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, base: str = "base") -> dict[str, Any]:
+        """The figures as JSON, with each other checkpoint's paired gain over `base` and its standard error."""
+        gains = {k: dict(zip(("gain", "se"), self.gain(base, k), strict=True)) for k in self.per_problem if k != base}
         return {
             "env": self.env,
             "problems": self.problems,
@@ -55,6 +57,7 @@ class Evaluation:
             "seed": self.seed,
             "mean_reward": {k: self.mean(k) for k in self.per_problem},
             "per_problem": self.per_problem,
+            "gain_over_base": gains,
             "seconds": round(self.seconds, 1),
         }
 

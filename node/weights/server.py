@@ -53,7 +53,6 @@ IDLE_TIMEOUT = 30.0  # waiting for (the rest of) a request head
 SEND_STALL_TIMEOUT = 30.0  # one chunk not accepted by the peer for this long: drop the connection
 SHARD_WAIT = 60.0  # a relay waits this long for a shard still being fetched before answering 503
 SEND_CHUNK = 128 * 1024
-RECV_BYTES = 16 * 1024
 RELAY_HEADER = b"x-weights-relay"  # "1" on a relay's upstream requests: served first under the cap
 _SHARD_PATH = re.compile(rb"^/v/(\d{1,19})/shard/(\d{1,6})$")
 _MANIFEST_PATH = re.compile(rb"^/v/(\d{1,19})/manifest\.json$")
@@ -390,11 +389,11 @@ async def _serve_connection(
     try:
         for _ in range(MAX_REQUESTS_PER_CONNECTION):
             try:
-                ev = await httpd.next_event(stream, conn, IDLE_TIMEOUT, RECV_BYTES)
+                ev = await httpd.next_event(stream, conn, IDLE_TIMEOUT)
                 if not isinstance(ev, h11.Request):
                     return
                 while True:  # GET requests: any body is read and discarded, bounded
-                    part = await httpd.next_event(stream, conn, IDLE_TIMEOUT, RECV_BYTES)
+                    part = await httpd.next_event(stream, conn, IDLE_TIMEOUT)
                     if isinstance(part, h11.EndOfMessage):
                         break
                     if not isinstance(part, h11.Data) or len(part.data) > 0:
