@@ -17,21 +17,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from node.rollout.file import RolloutFile, RolloutHeader, RolloutSample
 from pool.grpo import Trainer
-
-
-def rollout(version: int, rewards: list[list[float]], seed: int) -> RolloutFile:
-    gen = torch.Generator().manual_seed(seed + 100 * version)
-    samples = []
-    for g, row in enumerate(rewards):
-        prompt = torch.randint(3, 32, (4 + g,), generator=gen).tolist()
-        for j, r in enumerate(row):
-            n = 3 + (j % 4)
-            comp = torch.randint(3, 32, (n,), generator=gen).tolist()
-            samples.append(RolloutSample(g, j, f"t{g}", prompt, comp, [-1.0] * n, r, "length", []))
-    header = RolloutHeader(1, "0x" + "ab" * 20, version, "thinking-budget", 0, {"temperature": 1.0}, "micro")
-    return RolloutFile(header, samples)
+from tests.grpo_data import rollout
 
 
 def main() -> None:

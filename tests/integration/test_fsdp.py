@@ -12,25 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.grpo_data import micro_llama
+
 HERE = Path(__file__).resolve().parent
-
-
-def _micro_model(out: Path) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        tie_word_embeddings=False,
-        pad_token_id=0,
-    )
-    LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
-    return out
 
 
 def _run(argv: list[str], out: Path) -> dict[str, object]:
@@ -52,7 +36,7 @@ def test_two_fsdp_ranks_train_like_one_process(tmp_path: Path) -> None:
     than the single process's, so those runs differ by design.)"""
     from safetensors.torch import load_file
 
-    model = _micro_model(tmp_path / "model")
+    model = micro_llama(tmp_path / "model", layers=2)
     script = str(HERE / "fsdp_steps.py")
     single = _run([sys.executable, script, str(model), str(tmp_path / "one")], tmp_path / "one")
     sharded = _run(

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from node.rollout.file import RolloutFile, RolloutHeader, RolloutSample
 from pool.grpo import Trainer, group_advantages, grpo_loss
+from tests.grpo_data import micro_llama, rollout
 
 # --- advantages -------------------------------------------------------------------------------------
 
@@ -136,35 +136,7 @@ def test_kl_and_entropy_terms() -> None:
 @pytest.fixture(scope="module")
 def micro_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 1-layer Llama with a 32-token vocabulary (no tokenizer: the trainer works on token ids)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        tie_word_embeddings=False,
-        pad_token_id=0,
-    )
-    out = tmp_path_factory.mktemp("micro")
-    LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
-    return out
-
-
-def _file(version: int, rewards: list[list[float]], seed: int = 0) -> RolloutFile:
-    gen = torch.Generator().manual_seed(seed + 100 * version)
-    samples = []
-    for g, row in enumerate(rewards):
-        prompt = torch.randint(3, 32, (4 + g,), generator=gen).tolist()
-        for j, r in enumerate(row):
-            n = 3 + (j % 4)
-            comp = torch.randint(3, 32, (n,), generator=gen).tolist()
-            samples.append(RolloutSample(g, j, f"t{g}", prompt, comp, [-1.0] * n, r, "length", []))
-    header = RolloutHeader(1, "0x" + "ab" * 20, version, "thinking-budget", 0, {"temperature": 1.0}, "micro")
-    return RolloutFile(header, samples)
+    return micro_llama(tmp_path_factory.mktemp("micro"), layers=1)
 
 
 def _weights(t: Trainer) -> dict[str, torch.Tensor]:
@@ -176,7 +148,7 @@ def test_stale_rollouts_are_rejected_and_never_trained(micro_model: Path) -> Non
     w0 = _weights(t)
     signal = [[1.0, 0.0, 0.5, 0.0]]
     flat = [[0.2, 0.2, 0.2]]
-    files = [_file(2, signal), _file(3, flat), _file(5, flat), _file(6, signal)]  # current 5: 3..5 accepted
+    files = [rollout(2, signal), rollout(3, flat), rollout(5, flat), rollout(6, signal)]  # current 5: 3..5 accepted
     stats = t.step(files, current_version=5)
     assert (stats.stale_rejected, stats.stale_samples, stats.files) == (2, 8, 2)
     assert (stats.samples_seen, stats.samples_trained, stats.zero_adv_dropped) == (6, 0, 6)
@@ -184,20 +156,20 @@ def test_stale_rollouts_are_rejected_and_never_trained(micro_model: Path) -> Non
     assert stats.mean_reward == pytest.approx(0.2)
     assert all(torch.equal(w0[k], v) for k, v in _weights(t).items())  # the stale signal was not used
 
-    stats = t.step([_file(3, signal), _file(1, signal)], current_version=5)
+    stats = t.step([rollout(3, signal), rollout(1, signal)], current_version=5)
     assert (stats.stale_rejected, stats.samples_trained, stats.optimizer_steps) == (1, 4, 1)
     assert any(not torch.equal(w0[k], v) for k, v in _weights(t).items())
 
 
 def test_zero_advantage_groups_dropped(micro_model: Path) -> None:
     t = Trainer(micro_model, lr=1e-3)
-    f = _file(0, [[0.5, 0.5, 0.5, 0.5], [1.0, 0.0, 0.0, 1.0], [0.0]])
+    f = rollout(0, [[0.5, 0.5, 0.5, 0.5], [1.0, 0.0, 0.0, 1.0], [0.0]])
     stats = t.step([f], current_version=0)
     assert (stats.samples_seen, stats.zero_adv_dropped, stats.samples_trained) == (9, 5, 4)
     assert stats.tokens == sum(len(s.completion_tokens) for s in f.samples if s.group == 1)
     assert stats.mean_reward == pytest.approx(4.0 / 9)
     # same (file, group) ids in two files are different groups: a 1.0 group and a 0.0 group stay flat
-    stats = t.step([_file(0, [[1.0, 1.0]]), _file(0, [[0.0, 0.0]])], current_version=0)
+    stats = t.step([rollout(0, [[1.0, 1.0]]), rollout(0, [[0.0, 0.0]])], current_version=0)
     assert stats.samples_trained == 0 and stats.zero_adv_dropped == 4
     # first optimizer step: the recomputed old log-probs equal the current ones, ratio exactly 1
     stats = t.step([f], current_version=0)
@@ -208,7 +180,7 @@ def test_micro_batches_equal_one_batch_and_checkpoint_loads(micro_model: Path, t
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    files = [_file(0, [[1.0, 0.0, 0.3, 0.9], [0.1, 0.2, 0.7]], seed=3)]
+    files = [rollout(0, [[1.0, 0.0, 0.3, 0.9], [0.1, 0.2, 0.7]], seed=3)]
     a = Trainer(micro_model, lr=1e-3, micro_batch_size=1)
     b = Trainer(micro_model, lr=1e-3, micro_batch_size=16)
     sa, sb = a.step(files, 0), b.step(files, 0)
@@ -235,7 +207,7 @@ def test_old_logprobs_come_from_the_version_that_generated_the_sample(micro_mode
     the first optimizer step's ratio is pi_1 / pi_0, not 1: the clip sees how far the last update
     already moved those tokens. A trainer restarted from version 1 does not have version 0's weights:
     it falls back to the current ones (ratio exactly 1, counted) until `remember` gives them back."""
-    f0 = _file(0, [[1.0, 0.0, 0.3, 0.9], [0.1, 0.2, 0.7]], seed=3)
+    f0 = rollout(0, [[1.0, 0.0, 0.3, 0.9], [0.1, 0.2, 0.7]], seed=3)
     a = Trainer(micro_model, lr=1e-2, async_level=2)
     a.step([f0], 0)
     v1 = a.save(tmp_path / "v1")
@@ -253,15 +225,15 @@ def test_old_logprobs_come_from_the_version_that_generated_the_sample(micro_mode
     assert s.behaviour_fallback == 0 and s.ratio_mean == pytest.approx(stale.ratio_mean, rel=1e-6)
     # versions no accepted sample can come from any more are forgotten
     told.step([f0], 2)
-    told.step([_file(3, [[1.0, 0.0]])], 3)
+    told.step([rollout(3, [[1.0, 0.0]])], 3)
     assert sorted(told._history) == [1, 2, 3]
 
 
 def test_optimizer_state_resumes_after_a_restart(micro_model: Path, tmp_path: Path) -> None:
     """A trainer restarted from a checkpoint and its saved AdamW state takes exactly the step the
     uninterrupted trainer takes; without the state (a fresh AdamW) the step differs."""
-    f0 = _file(0, [[1.0, 0.0, 0.3, 0.9], [0.1, 0.2, 0.7]], seed=3)
-    f1 = _file(1, [[0.0, 1.0, 0.4], [0.9, 0.1, 0.3, 0.6]], seed=4)
+    f0 = rollout(0, [[1.0, 0.0, 0.3, 0.9], [0.1, 0.2, 0.7]], seed=3)
+    f1 = rollout(1, [[0.0, 1.0, 0.4], [0.9, 0.1, 0.3, 0.6]], seed=4)
     straight = Trainer(micro_model, lr=1e-2, async_level=0)
     straight.step([f0], 0)
     straight.step([f1], 1)
