@@ -980,7 +980,13 @@ def rollout_verify(file: str, model: str | None, thresholds: str | None, dtype: 
 )
 @click.option("--problems", type=click.IntRange(min=2), default=32, show_default=True, help="Held-out problems.")
 @click.option("--samples", type=click.IntRange(min=1), default=8, show_default=True, help="Completions per problem.")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=48, show_default=True)
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="Use the budget the policy was trained with.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Which held-out set (and sampling seed).")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def eval_cmd(

@@ -41,7 +41,13 @@ from node.p2p.host import identity_from_eth_key
 from .deploy import TOKEN, DeployParams, deploy
 
 ROOT = Path(__file__).resolve().parent.parent
-DEVNET_MAX_TOKENS = 48
+# Completion budget of the devnet's tasks and evaluation: twice the largest thinking-budget target (32), so
+# running on to the limit is the worst length for every target. Any early stop then scores at least as well
+# as no stop, and GRPO can only push the end-of-sequence token up from where the tiny random model starts
+# (it ends a few percent of its completions early). With 48, a very short completion on a 32-token target
+# scored below running on, and unlucky first steps could push EOS down until it was never sampled again,
+# leaving the reward flat (see tests/integration/test_devnet_learns.py).
+DEVNET_MAX_TOKENS = 64
 
 
 def task_spec(model: str, env: str) -> dict[str, Any]:
