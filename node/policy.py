@@ -2,7 +2,7 @@
 
 The coordinator publishes on the pool's `policy` gossip topic (signed envelopes, so only the pool's
 coordinator can announce) its current version, the manifest hash of that checkpoint, where to fetch it
-(its origin and the relays that heartbeat), and the hashes of the last few versions, so a node that
+(its origin and the relays listed in its `RelayBook`), and the hashes of the last few versions, so a node that
 joins late can still fetch and verify the version a rollout claims. Version 0 is the pool's base
 model, which every node already has.
 """
@@ -13,12 +13,15 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from . import protocol
 
 HISTORY = 8
 MAX_SOURCES = 16
 RELAY_MAX_AGE = 60.0  # seconds since a relay's last heartbeat for it to count as live
+RELAY_RECHECK = 60.0  # a listed relay is probed again this often
+RELAY_RETRY = 15.0  # a relay whose probe failed (or that held nothing of ours yet) is probed again this often
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,77 @@ def announcement_sources(
     out = [origin] if origin else []
     out += [url for _, url in reversed(fresh) if url != origin]
     return out[:MAX_SOURCES]
+
+
+@dataclass
+class _Check:
+    ok: bool
+    at: float
+    detail: str = ""
+
+
+class RelayBook:
+    """The relays a coordinator lists as download sources, and whose requests its origin serves first.
+
+    A member names its relay URL in its heartbeats; the book keeps one URL per member (the latest), so it
+    stays as small as the pool, and forgets claims not heard for `max_age` seconds. A claimed URL is
+    listed only after a probe showed that it serves one of the pool's recent checkpoints: its manifest,
+    with the hash the coordinator recorded (`node.weights.client.probe_relay`). Otherwise a typo, or a
+    member naming somebody else's server, would send every worker of the pool there. Listed relays are
+    probed again every `recheck` seconds, failed ones every `retry` seconds; a failed probe unlists.
+    A relay holds nothing until it has fetched a version from the origin, so a new relay gets its first
+    version without priority and is listed from then on.
+    """
+
+    def __init__(
+        self, max_age: float = RELAY_MAX_AGE, recheck: float = RELAY_RECHECK, retry: float = RELAY_RETRY
+    ) -> None:
+        self.max_age, self.recheck, self.retry = max_age, recheck, retry
+        self.claims: dict[str, tuple[str, float]] = {}  # member -> (relay URL, last heard)
+        self.checks: dict[str, _Check] = {}  # relay URL -> last probe
+
+    def heard(self, member: str, url: str, now: float) -> None:
+        self.claims[member] = (url, now)
+        self._prune(now)
+
+    def record(self, url: str, ok: bool, now: float, detail: str = "") -> None:
+        """The outcome of a probe of `url` (ignored if nobody claims it any more)."""
+        if any(u == url for u, _ in self.claims.values()):
+            self.checks[url] = _Check(ok, now, detail)
+
+    def _fresh(self, now: float) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for url, t in self.claims.values():
+            if now - t <= self.max_age:
+                out[url] = max(t, out.get(url, t))
+        return out
+
+    def _prune(self, now: float) -> None:
+        self.claims = {m: (u, t) for m, (u, t) in self.claims.items() if now - t <= self.max_age}
+        claimed = {u for u, _ in self.claims.values()}
+        self.checks = {u: c for u, c in self.checks.items() if u in claimed}
+
+    def due(self, now: float) -> list[str]:
+        """Claimed relay URLs to probe now: never probed, or last probed `recheck`/`retry` seconds ago."""
+        out = []
+        for url in self._fresh(now):
+            c = self.checks.get(url)
+            if c is None or now - c.at >= (self.recheck if c.ok else self.retry):
+                out.append(url)
+        return sorted(out)
+
+    def live(self, now: float) -> dict[str, float]:
+        """Listed relays: heard from within `max_age` and their last probe succeeded -> last heard."""
+        return {u: t for u, t in self._fresh(now).items() if (c := self.checks.get(u)) is not None and c.ok}
+
+    def hosts(self, now: float) -> set[str]:
+        """Host names of the listed relays (the origin serves requests from these first)."""
+        return {h for url in self.live(now) if (h := urlsplit(url).hostname)}
+
+    def refused(self, now: float) -> dict[str, str]:
+        """Claimed relay URLs whose last probe failed -> why."""
+        fresh = self._fresh(now)
+        return {u: c.detail for u, c in self.checks.items() if not c.ok and u in fresh}
 
 
 def parse_heartbeat(body: bytes) -> dict[str, Any]:

@@ -23,7 +23,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import trio
 from eth_account.signers.local import LocalAccount
@@ -36,11 +35,12 @@ from node.p2p.blobs import BlobStore, serve_blobs
 from node.p2p.envelope import Envelope
 from node.p2p.membership import ChainMembership
 from node.p2p.network import PoolNetwork
-from node.policy import HISTORY, RELAY_MAX_AGE, PolicyAnnouncement, announcement_sources, parse_heartbeat
+from node.policy import HISTORY, PolicyAnnouncement, RelayBook, announcement_sources, parse_heartbeat
 from node.rollout.file import RolloutFile, RolloutFormatError
 from node.store import Store, settle_journal
 from node.tasks.math import get_env
 from node.toploc import proof_commitment
+from node.weights.client import make_http_client, probe_relay
 from node.weights.server import WeightStore, serve_weights
 
 log = logging.getLogger("intellect.coordinator")
@@ -143,7 +143,7 @@ class Coordinator:
         self.trainer: Any = None
         self.weights = WeightStore(cfg.data_dir / "weights", keep=cfg.keep_checkpoints)
         self.origin_url: str | None = None
-        self.relays: dict[str, float] = {}
+        self.relays = RelayBook()
         self._announce_now = trio.Event()
 
     # ------------------------------------------------------------------ status
@@ -178,7 +178,8 @@ class Coordinator:
                 json.loads(r[0]) for r in self.store.query("SELECT versions FROM steps ORDER BY version")
             ],
             "stale_never_trained": int(self.store.scalar("SELECT COUNT(*) FROM rollouts WHERE trained = -1") or 0),
-            "relays": sorted(self.relays),
+            "relays": sorted(self.relays.live(time.time())),
+            "relays_refused": self.relays.refused(time.time()),
             "rollout_versions": self._rollout_versions(),
             "txs": self.store.journal.counts(),
             "gossip_rejected": {str(k): v for k, v in self.net.rejected.items()} if self.net else {},
@@ -250,6 +251,7 @@ class Coordinator:
                     nursery.start_soon(self._policy_loop)
                     if cfg.train:
                         nursery.start_soon(self._train_loop)
+                        nursery.start_soon(self._relay_probe_loop)
                     log.info("coordinator of pool %d listening on %s", cfg.pool_id, ", ".join(self.net.listen_addrs))
                     self.ready.set()
                     task_status.started(self.net.listen_addrs)
@@ -505,7 +507,7 @@ class Coordinator:
         self.heartbeats[env.sender] = now
         relay = parse_heartbeat(env.body).get("relay")
         if isinstance(relay, str) and relay.startswith("http://") and len(relay) < 200:
-            self.relays[relay] = now
+            self.relays.heard(env.sender, relay, now)
         self._count("heartbeats")
 
     async def _eject_loop(self) -> None:
@@ -531,20 +533,48 @@ class Coordinator:
                 self.heartbeats.pop(node, None)
 
     def relay_hosts(self) -> set[str]:
-        """IP addresses of the live relays (those the announcement lists as sources): only their requests
+        """IP addresses of the listed relays (those the announcement lists as sources): only their requests
         to the origin get relay priority (the header alone could be sent by anyone)."""
-        now = time.time()
-        return {h for url, t in self.relays.items() if now - t <= RELAY_MAX_AGE and (h := urlsplit(url).hostname)}
+        return self.relays.hosts(time.time())
+
+    def history(self) -> dict[int, str]:
+        """Manifest hashes of the last HISTORY policy versions."""
+        rows = self.store.query("SELECT version, manifest_hash FROM steps ORDER BY version DESC LIMIT ?", (HISTORY,))
+        return {int(r[0]): str(r[1]) for r in rows}
+
+    async def _relay_probe_loop(self) -> None:
+        """Probe the relays members name (see `RelayBook`): only those that serve a checkpoint of ours are
+        listed. At most 8 probes at a time, each bounded by `probe_relay`'s timeout."""
+        limit = trio.CapacityLimiter(8)
+        async with make_http_client(max_connections=8) as client:
+
+            async def probe(url: str, history: dict[int, str]) -> None:
+                async with limit:
+                    why = await probe_relay(client, url, history)
+                before = self.relays.checks.get(url)
+                self.relays.record(url, why is None, time.time(), why or "")
+                if before is None or before.ok != (why is None):  # log changes, not every probe
+                    log.info("relay %s %s", url, "listed" if why is None else f"not listed: {why}")
+
+            while True:
+                due = self.relays.due(time.time())
+                if due:
+                    history = self.history()
+                    async with trio.open_nursery() as probes:
+                        for url in due:
+                            probes.start_soon(probe, url, history)
+                await trio.sleep(2.0)
 
     def announcement(self) -> PolicyAnnouncement:
-        rows = self.store.query("SELECT version, manifest_hash FROM steps ORDER BY version DESC LIMIT ?", (HISTORY,))
-        history = {int(r[0]): str(r[1]) for r in rows}
+        history = self.history()
         v = self.cfg.policy_version
         return PolicyAnnouncement(
             version=v,
             model=self.cfg.model,
             manifest_hash=history.get(v, ""),
-            sources=announcement_sources(self.origin_url, self.relays, time.time()) if self.cfg.train else [],
+            sources=announcement_sources(self.origin_url, self.relays.live(time.time()), time.time())
+            if self.cfg.train
+            else [],
             history=history,
         )
 

@@ -424,6 +424,8 @@ def build_report(opts: DevnetOptions, roles: Roles, pool_id: int, procs: list[Pr
             "trained_versions": coord.status.get("trained_versions", []),
             "stale_never_trained": coord.status.get("stale_never_trained", 0),
             "rollout_versions": coord.status.get("rollout_versions", {}),
+            "relays": coord.status.get("relays", []),
+            "relays_refused": coord.status.get("relays_refused", {}),
         },
         "audit": {
             "consistent": rep.consistent,

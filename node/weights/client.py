@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import shutil
 from dataclasses import dataclass, field
@@ -124,6 +125,44 @@ async def fetch_manifest(
         raise DownloadError(f"refused the manifest of version {version}: its hash differs from the announced one")
     last = errors[-1] if errors else "timed out"
     raise DownloadError(f"no source supplied the manifest of version {version} ({last})")
+
+
+PROBE_TIMEOUT = 5.0
+MAX_VERSIONS_BYTES = 64 * 1024
+
+
+async def probe_relay(
+    client: httpx.AsyncClient, base: str, history: dict[int, str], timeout: float = PROBE_TIMEOUT
+) -> str | None:
+    """Check that ``base`` serves one of the pool's checkpoints: None if it does, else why not.
+
+    ``history`` maps the pool's recent versions to their manifest hashes. The relay's ``/versions`` names
+    what it holds; the newest version it holds with a hash from ``history`` is fetched as
+    ``/v/<version>/manifest.json`` and must hash to it. Both requests are bounded in time and size.
+    """
+    want = {v: h.lower().removeprefix("0x") for v, h in history.items() if h}
+    try:
+        listing = json.loads(await _get(client, f"{base.rstrip('/')}/versions", MAX_VERSIONS_BYTES, timeout))
+        held = {
+            int(e["version"]): str(e["manifest_hash"]).lower()
+            for e in listing["versions"]
+            if isinstance(e, dict) and type(e.get("version")) is int
+        }
+    except SourceError as exc:
+        return str(exc)
+    except (ValueError, KeyError, TypeError):
+        return f"{base}/versions: not a weight server's version list"
+    ours = sorted((v for v, h in held.items() if want.get(v) == h), reverse=True)
+    if not ours:
+        return "holds none of the pool's recent versions"
+    v = ours[0]
+    try:
+        body = await _get(client, f"{base.rstrip('/')}/v/{v}/manifest.json", MAX_MANIFEST_BYTES, timeout)
+    except SourceError as exc:
+        return str(exc)
+    if hashlib.sha256(body).hexdigest() != want[v]:
+        return f"{base}: the manifest of version {v} differs from the pool's"
+    return None
 
 
 async def fetch_shard(

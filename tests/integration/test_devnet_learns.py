@@ -91,3 +91,5 @@ def test_devnet_reward_rises_over_a_short_run(tmp_path: Path) -> None:
         assert versions[-1] >= len(curve) // 2, (node, versions)
     assert all(v >= base_v - 2 for base_v, versions in enumerate(t["trained_versions"]) for v in versions)
     assert Path(t["reward_plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the first worker's relay served the pool's checkpoints, so the coordinator listed it as a source
+    assert len(t["relays"]) == 1 and not t["relays_refused"], (t["relays"], t["relays_refused"])

@@ -329,3 +329,58 @@ async def test_connections_over_the_cap_get_503(tmp_path: Path) -> None:
             r = await http.get(f"{url}/v/1/manifest.json", timeout=5)
             assert r.status_code == 200 and r.content == m.to_json()
         nursery.cancel_scope.cancel()
+
+
+class _LyingStore(WeightStore):
+    """A weight server that lists the pool's manifest hash for a version but holds another checkpoint."""
+
+    def __init__(self, root: Path, claimed: str) -> None:
+        super().__init__(root)
+        self.claimed = claimed
+
+    def info(self) -> list[dict[str, Any]]:
+        return [dict(e, manifest_hash=self.claimed) for e in super().info()]
+
+
+async def test_relay_probe_accepts_only_servers_of_the_pools_checkpoints(tmp_path: Path) -> None:
+    """`probe_relay` (the coordinator's check before it lists a member's relay URL): a real relay that
+    fetched the pool's version passes; an empty weight server, one holding another checkpoint, one that
+    lies about what it holds, some other HTTP service, and a closed port are each refused with a reason."""
+    from node.chain.anvil import free_port
+    from node.metrics import Metrics, serve_http
+    from node.weights.client import make_http_client, probe_relay
+
+    origin = WeightStore(tmp_path / "origin")
+    m = origin.publish(_checkpoint(tmp_path / "a", 300_000), 1, shard_size=SHARD)
+    history = {1: "0x" + m.manifest_hash(), 0: ""}
+    other = WeightStore(tmp_path / "other")
+    other.publish(_checkpoint(tmp_path / "b", 300_000), 1, shard_size=SHARD)
+    liar = _LyingStore(tmp_path / "liar", m.manifest_hash())
+    liar.publish(_checkpoint(tmp_path / "c", 300_000), 1, shard_size=SHARD)
+    async with trio.open_nursery() as nursery:
+        origin_url, _ = await _serve(nursery, origin)
+        relay_store = WeightStore(tmp_path / "relay")
+        relay = Relay(relay_store, [origin_url])
+        await nursery.start(relay.run)
+        relay_url, _ = await _serve(nursery, relay_store)
+        empty_url, _ = await _serve(nursery, WeightStore(tmp_path / "empty"))
+        other_url, _ = await _serve(nursery, other)
+        liar_url, _ = await _serve(nursery, liar)
+        metrics_port = await nursery.start(serve_http, Metrics(), "127.0.0.1", 0)
+        async with make_http_client() as client:
+            assert await probe_relay(client, relay_url, history) == "holds none of the pool's recent versions"
+            with trio.fail_after(30):
+                await relay.sync(1, m.manifest_hash())
+            assert await probe_relay(client, relay_url, history) is None
+            assert await probe_relay(client, origin_url, history) is None
+            assert await probe_relay(client, empty_url, history) == "holds none of the pool's recent versions"
+            assert await probe_relay(client, other_url, history) == "holds none of the pool's recent versions"
+            assert (
+                await probe_relay(client, liar_url, history)
+                == f"{liar_url}: the manifest of version 1 differs from the pool's"
+            )
+            why = await probe_relay(client, f"http://127.0.0.1:{metrics_port}", history)
+            assert why is not None and "HTTP 404" in why
+            why = await probe_relay(client, f"http://127.0.0.1:{free_port()}", history, timeout=3)
+            assert why is not None and "ConnectError" in why
+        nursery.cancel_scope.cancel()
