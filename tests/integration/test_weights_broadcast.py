@@ -44,16 +44,21 @@ async def _serve(
     return f"http://127.0.0.1:{port}", scope
 
 
+async def _relay(nursery: trio.Nursery, root: Path, upstream: str, prefetch: bool = True) -> tuple[Relay, str]:
+    """Start a relay pulling from `upstream` and a server for its store; returns (relay, its url)."""
+    relay = Relay(WeightStore(root), [upstream], prefetch=prefetch)
+    await nursery.start(relay.run)
+    url, _ = await _serve(nursery, relay.store)
+    return relay, url
+
+
 async def test_origin_relay_client_byte_exact(tmp_path: Path) -> None:
     src = _checkpoint(tmp_path, 3 * 1024 * 1024 + 17)
     origin = WeightStore(tmp_path / "origin")
     m = origin.publish(src, 1, shard_size=SHARD)
     async with trio.open_nursery() as nursery:
         origin_url, _ = await _serve(nursery, origin)
-        relay_store = WeightStore(tmp_path / "relay")
-        relay = Relay(relay_store, [origin_url])
-        await nursery.start(relay.run)
-        relay_url, _ = await _serve(nursery, relay_store)
+        relay, relay_url = await _relay(nursery, tmp_path / "relay", origin_url)
         relay.announce(1, m.manifest_hash())
         stats = DownloadStats()
         out = await download(1, m.manifest_hash(), [relay_url], tmp_path / "worker", stats=stats, timeout=30)
@@ -61,7 +66,7 @@ async def test_origin_relay_client_byte_exact(tmp_path: Path) -> None:
         assert out.read_bytes() == src.read_bytes()
         assert sorted(stats.fetched) == list(range(len(m.shards)))
         assert not (tmp_path / "worker" / "1" / "shards").exists()
-        assert await relay.wait(1, 10) and relay_store.complete(1)
+        assert await relay.wait(1, 10) and relay.store.complete(1)
         async with httpx.AsyncClient() as http:
             info = (await http.get(f"{relay_url}/versions")).json()["versions"]
             assert info == [
@@ -88,14 +93,11 @@ async def test_on_demand_relay_pipelines(tmp_path: Path) -> None:
     m = origin.publish(src, 5, shard_size=SHARD)
     async with trio.open_nursery() as nursery:
         origin_url, _ = await _serve(nursery, origin, rate=2_000_000)
-        relay_store = WeightStore(tmp_path / "relay")
-        relay = Relay(relay_store, [origin_url], prefetch=False)
-        await nursery.start(relay.run)
-        relay_url, _ = await _serve(nursery, relay_store)
+        relay, relay_url = await _relay(nursery, tmp_path / "relay", origin_url, prefetch=False)
         relay.announce(5, m.manifest_hash())
         out = await download(5, m.manifest_hash(), [relay_url], tmp_path / "w", timeout=30)
         assert out.read_bytes() == src.read_bytes()
-        assert relay_store.complete(5)
+        assert relay.store.complete(5)
         nursery.cancel_scope.cancel()
 
 
@@ -359,10 +361,7 @@ async def test_relay_probe_accepts_only_servers_of_the_pools_checkpoints(tmp_pat
     liar.publish(_checkpoint(tmp_path / "c", 300_000), 1, shard_size=SHARD)
     async with trio.open_nursery() as nursery:
         origin_url, _ = await _serve(nursery, origin)
-        relay_store = WeightStore(tmp_path / "relay")
-        relay = Relay(relay_store, [origin_url])
-        await nursery.start(relay.run)
-        relay_url, _ = await _serve(nursery, relay_store)
+        relay, relay_url = await _relay(nursery, tmp_path / "relay", origin_url)
         empty_url, _ = await _serve(nursery, WeightStore(tmp_path / "empty"))
         other_url, _ = await _serve(nursery, other)
         liar_url, _ = await _serve(nursery, liar)
