@@ -140,7 +140,6 @@ class RelayBook:
 
     def heard(self, member: str, url: str, now: float) -> None:
         self.claims[member] = (url, now)
-        self._prune(now)
 
     def record(self, url: str, ok: bool, now: float, detail: str = "") -> None:
         """The outcome of a probe of `url` (ignored if nobody claims it any more)."""
@@ -160,7 +159,9 @@ class RelayBook:
         self.checks = {u: c for u, c in self.checks.items() if u in claimed}
 
     def due(self, now: float) -> list[str]:
-        """Claimed relay URLs to probe now: never probed, or last probed `recheck`/`retry` seconds ago."""
+        """Claimed relay URLs to probe now: never probed, or last probed `recheck`/`retry` seconds ago.
+        (Also forgets members not heard from for `max_age`: the probe loop calls this every few seconds.)"""
+        self._prune(now)
         out = []
         for url in self._fresh(now):
             c = self.checks.get(url)
