@@ -183,6 +183,26 @@ class RelayBook:
         return {u: c.detail for u, c in self.checks.items() if not c.ok and u in fresh}
 
 
+def relay_url(value: Any) -> str | None:
+    """A heartbeat's relay URL if it is a plain `http://host:port` (an optional path, nothing else), else None.
+
+    Members choose this text, so it is checked before anything parses it again: at most 200 printable
+    ASCII characters, scheme http, a host and a port, no user info, query or fragment.
+    """
+    if not isinstance(value, str) or not value.startswith("http://") or len(value) > 200:
+        return None
+    if not value.isascii() or not value.isprintable() or " " in value:
+        return None
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError:
+        return None
+    if not parts.hostname or port is None or port == 0 or "@" in parts.netloc or parts.query or parts.fragment:
+        return None
+    return value.rstrip("/")
+
+
 def parse_heartbeat(body: bytes) -> dict[str, Any]:
     try:
         return protocol.unpack(body, "heartbeat")

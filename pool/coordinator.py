@@ -35,7 +35,7 @@ from node.p2p.blobs import BlobStore, serve_blobs
 from node.p2p.envelope import Envelope
 from node.p2p.membership import ChainMembership
 from node.p2p.network import PoolNetwork
-from node.policy import HISTORY, PolicyAnnouncement, RelayBook, announcement_sources, parse_heartbeat
+from node.policy import HISTORY, PolicyAnnouncement, RelayBook, announcement_sources, parse_heartbeat, relay_url
 from node.rollout.file import RolloutFile, RolloutFormatError
 from node.store import Store, settle_journal
 from node.tasks.math import get_env
@@ -505,8 +505,8 @@ class Coordinator:
     def _on_heartbeat(self, env: Envelope) -> None:
         now = time.time()
         self.heartbeats[env.sender] = now
-        relay = parse_heartbeat(env.body).get("relay")
-        if isinstance(relay, str) and relay.startswith("http://") and len(relay) < 200:
+        relay = relay_url(parse_heartbeat(env.body).get("relay"))
+        if relay is not None:
             self.relays.heard(env.sender, relay, now)
         self._count("heartbeats")
 
@@ -550,7 +550,10 @@ class Coordinator:
 
             async def probe(url: str, history: dict[int, str]) -> None:
                 async with limit:
-                    why = await probe_relay(client, url, history)
+                    try:
+                        why = await probe_relay(client, url, history)
+                    except Exception as exc:  # a URL a member chose must never take the coordinator down
+                        why = f"probe failed: {type(exc).__name__}: {exc}"
                 before = self.relays.checks.get(url)
                 self.relays.record(url, why is None, time.time(), why or "")
                 if before is None or before.ok != (why is None):  # log changes, not every probe

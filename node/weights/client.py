@@ -84,7 +84,7 @@ async def _get(client: httpx.AsyncClient, url: str, max_bytes: int, timeout: flo
                 return bytes(buf)
     except trio.TooSlowError:
         raise SourceError(f"{url}: no answer within {timeout:.0f} s") from None
-    except (httpx.HTTPError, OSError) as exc:
+    except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
         raise SourceError(f"{url}: {type(exc).__name__}: {exc}") from None
 
 

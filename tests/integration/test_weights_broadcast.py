@@ -382,4 +382,6 @@ async def test_relay_probe_accepts_only_servers_of_the_pools_checkpoints(tmp_pat
             assert why is not None and "HTTP 404" in why
             why = await probe_relay(client, f"http://127.0.0.1:{free_port()}", history, timeout=3)
             assert why is not None and "ConnectError" in why
+            why = await probe_relay(client, "http://bad\x00host:1", history)  # refused, not raised
+            assert why is not None and "InvalidURL" in why
         nursery.cancel_scope.cancel()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from node.policy import RelayBook, announcement_sources
+from node.policy import RelayBook, announcement_sources, relay_url
 
 A, B = "0x" + "a" * 40, "0x" + "b" * 40
 
@@ -60,3 +60,16 @@ def test_two_members_naming_the_same_url_share_one_probe() -> None:
     assert book.due(5.0) == ["http://10.0.0.9:7000"]
     book.record("http://10.0.0.9:7000", ok=True, now=6.0)
     assert book.live(6.0) == {"http://10.0.0.9:7000": 5.0}
+
+
+def test_relay_urls_from_heartbeats_are_checked_before_use() -> None:
+    assert relay_url("http://127.0.0.1:7000") == "http://127.0.0.1:7000"
+    assert relay_url("http://relay.example:80/") == "http://relay.example:80"
+    assert relay_url("http://[::1]:7000") == "http://[::1]:7000"
+    bad = [
+        None, 7, b"http://127.0.0.1:7000", "https://127.0.0.1:7000", "ftp://h:1", "http://", "http://host",
+        "http://[::1", "http://h:99999", "http://h:0", "http://h:x", "http://u:p@h:1", "http://h:1/?q=1",
+        "http://h:1/#f", "http://h:1/a b", "http://h\x00:1", "http://h\u00e9:1", "http://" + "a" * 200 + ":1",
+    ]  # fmt: skip
+    for value in bad:
+        assert relay_url(value) is None, value
