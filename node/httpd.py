@@ -27,7 +27,7 @@ _BUSY = (
 Handler = Callable[[trio.SocketStream], Awaitable[None]]
 
 
-async def open_listeners(host: str, port: int) -> tuple[list[trio.SocketListener], int]:
+async def _open_listeners(host: str, port: int) -> tuple[list[trio.SocketListener], int]:
     """Listeners on `host:port` and the bound port. With port 0 each address family would get a
     different free port, so only the first listener is kept."""
     listeners = await trio.open_tcp_listeners(port, host=host)
@@ -65,17 +65,19 @@ async def _refuse(stream: trio.SocketStream) -> None:
 
 
 async def serve(
-    listeners: list[trio.SocketListener],
+    host: str,
+    port: int,
     handle: Handler,
     *,
     max_connections: int,
     what: str,
-    started: Any = None,
-    task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Accept on every listener until cancelled; each connection runs `handle(stream)` (which closes
-    the stream) in its own task, at most `max_connections` at once. `task_status.started(started)` is
-    called once accepting (pass the bound port). The listeners are closed on exit."""
+    """Listen on `host:port` (port 0: a free one) and accept until cancelled; each connection runs
+    `handle(stream)` (which closes the stream) in its own task, at most `max_connections` at once. The
+    bound port is reported with `task_status.started(port)` once accepting. The listeners are closed on
+    exit."""
+    listeners, bound = await _open_listeners(host, port)
     used = 0
     refusing = 0
 
@@ -116,7 +118,7 @@ async def serve(
         async with trio.open_nursery() as nursery:
             for listener in listeners:
                 nursery.start_soon(accept_loop, listener, nursery)
-            task_status.started(started)
+            task_status.started(bound)
     finally:
         for listener in listeners:
             await trio.aclose_forcefully(listener)

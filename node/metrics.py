@@ -219,12 +219,10 @@ async def serve_http(
     connection lives at most `timeout` seconds; at most `max_connections` are served at once (more
     get a 503 and are closed); a request head over `max_head_bytes` gets a 431/400 and is closed.
     """
-    listeners, bound = await httpd.open_listeners(host, port)
 
     async def handle(stream: trio.SocketStream) -> None:
         await _serve_connection(stream, metrics, status_fn, max_head_bytes, timeout)
 
     await httpd.serve(
-        listeners, handle, max_connections=max_connections, what="metrics server", started=bound,
-        task_status=task_status,
-    )  # fmt: skip
+        host, port, handle, max_connections=max_connections, what="metrics server", task_status=task_status
+    )

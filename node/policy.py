@@ -101,13 +101,10 @@ def checkpoint_folder(base_model: Path, weights: Path, out: Path) -> Path:
     return out
 
 
-def announcement_sources(
-    origin: str | None, relays: dict[str, float], now: float, max_age: float = RELAY_MAX_AGE
-) -> list[str]:
-    """The origin first, then relays heard from within `max_age` seconds (most recent first)."""
-    fresh = sorted((t, url) for url, t in relays.items() if now - t <= max_age)
+def announcement_sources(origin: str | None, relays: dict[str, float]) -> list[str]:
+    """The origin first, then the listed relays (`RelayBook.live`: URL -> last heard), most recent first."""
     out = [origin] if origin else []
-    out += [url for _, url in reversed(fresh) if url != origin]
+    out += [url for _, url in sorted(((t, u) for u, t in relays.items()), reverse=True) if url != origin]
     return out[:MAX_SOURCES]
 
 

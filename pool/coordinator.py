@@ -575,9 +575,7 @@ class Coordinator:
             version=v,
             model=self.cfg.model,
             manifest_hash=history.get(v, ""),
-            sources=announcement_sources(self.origin_url, self.relays.live(time.time()), time.time())
-            if self.cfg.train
-            else [],
+            sources=announcement_sources(self.origin_url, self.relays.live(time.time())) if self.cfg.train else [],
             history=history,
         )
 

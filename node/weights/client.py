@@ -141,8 +141,9 @@ async def probe_relay(
     ``/v/<version>/manifest.json`` and must hash to it. Both requests are bounded in time and size.
     """
     want = {v: h.lower().removeprefix("0x") for v, h in history.items() if h}
+    root = base.rstrip("/")
     try:
-        listing = json.loads(await _get(client, f"{base.rstrip('/')}/versions", MAX_VERSIONS_BYTES, timeout))
+        listing = json.loads(await _get(client, f"{root}/versions", MAX_VERSIONS_BYTES, timeout))
         held = {
             int(e["version"]): str(e["manifest_hash"]).lower()
             for e in listing["versions"]
@@ -157,7 +158,7 @@ async def probe_relay(
         return "holds none of the pool's recent versions"
     v = ours[0]
     try:
-        body = await _get(client, f"{base.rstrip('/')}/v/{v}/manifest.json", MAX_MANIFEST_BYTES, timeout)
+        body = await _get(client, f"{root}/v/{v}/manifest.json", MAX_MANIFEST_BYTES, timeout)
     except SourceError as exc:
         return str(exc)
     if hashlib.sha256(body).hexdigest() != want[v]:

@@ -436,15 +436,13 @@ async def serve_weights(
     those addresses get that priority, so an ordinary client cannot claim it and starve the others.
     """
     limiter = RateLimiter(rate_limit_bytes_per_s) if rate_limit_bytes_per_s else None
-    listeners, bound = await httpd.open_listeners(host, port)
 
     async def handle(stream: trio.SocketStream) -> None:
         await _serve_connection(stream, store, limiter, shard_wait, relay_hosts)
 
     await httpd.serve(
-        listeners, handle, max_connections=max_connections, what="weights server", started=bound,
-        task_status=task_status,
-    )  # fmt: skip
+        host, port, handle, max_connections=max_connections, what="weights server", task_status=task_status
+    )
 
 
 # ---------------------------------------------------------------------- relay

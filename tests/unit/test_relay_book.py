@@ -15,7 +15,7 @@ def test_a_claimed_relay_is_listed_only_after_a_successful_probe() -> None:
     book.record("http://10.0.0.1:7000", ok=True, now=101.0)
     assert book.live(101.0) == {"http://10.0.0.1:7000": 100.0}
     assert book.hosts(101.0) == {"10.0.0.1"}
-    assert announcement_sources("http://origin:1", book.live(101.0), 101.0) == [
+    assert announcement_sources("http://origin:1", book.live(101.0)) == [
         "http://origin:1",
         "http://10.0.0.1:7000",
     ]
