@@ -21,6 +21,7 @@ file (``dest/<version>/<name>``, e.g. ``model.safetensors``), ready for
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -34,6 +35,7 @@ import trio
 from node.weights.manifest import (
     MANIFEST_FILE,
     MAX_MANIFEST_BYTES,
+    IntegrityError,
     Manifest,
     assemble,
     missing_shards,
@@ -55,7 +57,13 @@ class SourceError(Exception):
 
 
 class DownloadError(Exception):
-    """The download as a whole failed (no source can supply a shard, refused manifest, deadline)."""
+    """The download as a whole failed (no source can supply a shard, refused manifest, deadline, or
+    the checkpoint cannot be written locally)."""
+
+
+def _disk_error(version: int, dest: Path, exc: OSError) -> DownloadError:
+    hint = " (is the disk full?)" if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else ""
+    return DownloadError(f"cannot write version {version} under {dest}: {exc.strerror or exc}{hint}")
 
 
 def make_http_client(max_connections: int = 64) -> httpx.AsyncClient:
@@ -357,9 +365,10 @@ async def download(
     """Download, verify and assemble ``version``; returns ``dest/<version>/<name>``.
 
     ``sources`` are base URLs (``http://host:port``) of relays and/or the origin. Raises
-    ``DownloadError`` when the manifest is refused or missing, no source can supply a shard, or
-    ``timeout`` passes. Shards stay under ``dest/<version>/shards`` until assembled (then removed
-    unless ``keep_shards``), so calling again after an interruption resumes.
+    ``DownloadError`` when the manifest is refused or missing, no source can supply a shard,
+    ``timeout`` passes, or a local write fails (a full disk). Shards stay under
+    ``dest/<version>/shards`` until assembled (then removed unless ``keep_shards``), so calling again
+    after an interruption or a failed write resumes with what was already verified.
     """
     if not sources:
         raise DownloadError("no sources")
@@ -388,12 +397,19 @@ async def download(
                 shutil.rmtree(shard_dir, ignore_errors=True)
     except trio.TooSlowError:
         raise DownloadError(f"download of version {version} did not finish within {timeout:.0f} s") from None
-    except BaseExceptionGroup as group:  # a worker's DownloadError inside the nursery
-        err = group.subgroup(DownloadError)
+    except OSError as exc:  # network errors are SourceErrors by now: this is the local disk
+        raise _disk_error(version, Path(dest), exc) from exc
+    except IntegrityError as exc:  # shards verified when written no longer match: fetch them again
+        shutil.rmtree(shard_dir, ignore_errors=True)
+        raise DownloadError(f"version {version}: shards on disk changed since they were verified ({exc})") from exc
+    except BaseExceptionGroup as group:  # a worker's DownloadError (or a failed write) inside the nursery
+        err = group.subgroup((DownloadError, OSError))
         if err is not None:
             first: BaseException = err
             while isinstance(first, BaseExceptionGroup):
                 first = first.exceptions[0]
+            if isinstance(first, OSError):
+                raise _disk_error(version, Path(dest), first) from first
             raise first from None
         raise
     finally:

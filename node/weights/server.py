@@ -485,6 +485,7 @@ class Relay:
         self._client: httpx.AsyncClient | None = None
         self._done: dict[int, trio.Event] = {}
         self.errors: dict[int, str] = {}
+        self._shard_failed: dict[int, str] = {}  # version -> why a shard could not be had (while syncing)
         self.bytes_fetched = 0
         store.on_demand = self._demand
 
@@ -532,17 +533,21 @@ class Relay:
             self.store.prune()
             if not self.prefetch:
                 return
+            self._shard_failed.pop(version, None)
             for i in self.store.missing(version):
                 self._enqueue(version, i, front=False)
             while not self.store.complete(version) and version in self.store.versions():
+                if (failed := self._shard_failed.pop(version, None)) is not None:
+                    raise SourceError(failed)  # downstream falls back to other sources at once
                 ev = trio.Event()
                 self._progress = ev
                 with trio.move_on_after(1.0):
                     await ev.wait()
-        except (SourceError, DownloadError, ValueError) as exc:
-            self.errors[version] = str(exc)
+        except (SourceError, DownloadError, ValueError, OSError) as exc:  # OSError: the relay's own disk
+            why = f"cannot store it: {exc.strerror or exc}" if isinstance(exc, OSError) else str(exc)
+            self.errors[version] = why
             self.store.expected.discard(version)
-            log.warning("relay: version %d failed: %s", version, exc)
+            log.warning("relay: version %d failed: %s", version, why)
         finally:
             done.set()
 
@@ -576,20 +581,25 @@ class Relay:
                 continue
             self._inflight.add(key)
             try:
-                ok = await self._fetch(*key)
+                failed = await self._fetch(*key)
             finally:
                 self._inflight.discard(key)
-            if not ok:
+            if failed is not None:
                 self.store.fail_shard(*key)
+                syncing = self._done.get(key[0])
+                if syncing is not None and not syncing.is_set():
+                    self._shard_failed.setdefault(key[0], failed)
             if self._progress is not None:
                 self._progress.set()
 
-    async def _fetch(self, version: int, index: int) -> bool:
+    async def _fetch(self, version: int, index: int) -> str | None:
+        """Fetch and store one shard: None when stored, else why not."""
         assert self._client is not None
         manifest = self.store.manifest(version)
         if manifest is None:
-            return False
+            return "pruned"
         n = len(self.upstreams)
+        last = "no upstream"
         for attempt in range(self.attempts):
             for k in range(n):
                 base = self.upstreams[(index + k) % n]
@@ -597,11 +607,17 @@ class Relay:
                     data = await fetch_shard(self._client, base, manifest, index, self.shard_timeout)
                 except SourceError as exc:
                     log.info("relay: shard %d/%d from %s: %s", version, index, base, exc)
+                    last = str(exc)
                     continue
                 if self.store.manifest(version) is None:
-                    return False  # pruned meanwhile
+                    return "pruned"  # meanwhile
                 self.bytes_fetched += len(data)
-                return self.store.put_shard(version, index, data)
+                try:
+                    stored = self.store.put_shard(version, index, data)
+                except OSError as exc:  # a full disk: refetching would not help
+                    log.warning("relay: cannot store shard %d of version %d: %s", index, version, exc)
+                    return f"cannot store shard {index}: {exc.strerror or exc}"
+                return None if stored else f"shard {index} does not match the manifest"
             with contextlib.suppress(Exception):
                 await trio.sleep(min(0.5 * 2**attempt, 5.0))
-        return False
+        return f"no upstream supplied shard {index} after {self.attempts} rounds (last: {last})"

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import resource
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +17,7 @@ import httpx
 import pytest
 import trio
 
-from node.weights.client import DownloadError, DownloadStats, download
+from node.weights.client import DownloadError, DownloadStats, SourceError, download
 from node.weights.manifest import Manifest, shard_file
 from node.weights.server import Relay, WeightStore, serve_weights
 
@@ -197,6 +201,67 @@ async def test_interrupted_download_resumes(tmp_path: Path) -> None:
         assert out.read_bytes() == src.read_bytes()
         assert second.resumed == len(have)
         assert sorted(second.fetched) == sorted(set(range(len(m.shards))) - have)
+        nursery.cancel_scope.cancel()
+
+
+@contextlib.contextmanager
+def _file_size_limit(limit: int) -> Iterator[None]:
+    """Writes past `limit` bytes of one file fail with EFBIG (the kernel's RLIMIT_FSIZE), as they would
+    with ENOSPC on a full disk; SIGXFSZ is ignored so the write returns the error instead."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+async def test_failed_writes_are_download_errors_and_keep_verified_shards(tmp_path: Path) -> None:
+    """A full disk is a `DownloadError` naming the folder (a worker logs it and tries again later, it does
+    not crash); no partial file is left behind, and the shards already verified are kept for the next try."""
+    src = _checkpoint(tmp_path, 4 * SHARD)
+    origin = WeightStore(tmp_path / "origin")
+    m = origin.publish(src, 2, shard_size=SHARD)
+    dest = tmp_path / "w"
+    shard_dir = dest / "2" / "shards"
+    async with trio.open_nursery() as nursery:
+        url, _ = await _serve(nursery, origin)
+        with _file_size_limit(SHARD // 2), pytest.raises(DownloadError, match=f"cannot write version 2 under {dest}"):
+            await download(2, m.manifest_hash(), [url], dest, timeout=30)  # no shard fits
+        assert not list(shard_dir.glob("*.tmp")) and not list(shard_dir.glob(".*"))
+        with _file_size_limit(2 * SHARD), pytest.raises(DownloadError, match="File too large"):
+            await download(2, m.manifest_hash(), [url], dest, timeout=30)  # shards fit, the whole file not
+        assert len(list(shard_dir.glob("shard-*"))) == len(m.shards)
+        assert not (dest / "2" / m.name).exists() and not list((dest / "2").glob(".*"))
+        again = DownloadStats()
+        out = await download(2, m.manifest_hash(), [url], dest, stats=again, timeout=30)
+        assert out.read_bytes() == src.read_bytes()
+        assert again.resumed == len(m.shards) and again.fetched == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_relay_on_a_full_disk_fails_the_version_at_once_and_keeps_running(tmp_path: Path) -> None:
+    """A relay that cannot store shards reports the version failed within seconds (its worker falls back
+    to other sources instead of waiting minutes) and stays up: with room again it serves on demand."""
+    src = _checkpoint(tmp_path, 4 * SHARD)
+    want = src.read_bytes()
+    origin = WeightStore(tmp_path / "origin")
+    m3 = origin.publish(src, 3, shard_size=SHARD)
+    m4 = origin.publish(_checkpoint(tmp_path, SHARD), 4, shard_size=SHARD)
+    async with trio.open_nursery() as nursery:
+        url, _ = await _serve(nursery, origin)
+        relay, relay_url = await _relay(nursery, tmp_path / "relay", url)
+        with _file_size_limit(SHARD // 2), trio.fail_after(20):
+            with pytest.raises(SourceError, match="cannot store shard"):
+                await relay.sync(3, m3.manifest_hash())
+        (tmp_path / "relay" / "4").write_bytes(b"")  # the version's folder cannot be made
+        with trio.fail_after(20), pytest.raises(SourceError, match="cannot store it"):
+            await relay.sync(4, m4.manifest_hash())
+        out = await download(3, m3.manifest_hash(), [relay_url], tmp_path / "w", timeout=30)
+        assert out.read_bytes() == want
+        assert relay.store.complete(3)
         nursery.cancel_scope.cancel()
 
 
