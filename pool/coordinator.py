@@ -636,7 +636,9 @@ class Coordinator:
         Rollouts more than `async_level` versions behind are marked stale and never trained on. The
         new version is committed (rows marked trained, the step recorded, the version bumped) in one
         sqlite transaction after its checkpoint is saved and published; a crash before that commit
-        retrains the same rollouts, a crash after it only delays the announcement."""
+        retrains the same rollouts (the version it may have published is dropped first), a crash after
+        it only delays the announcement. A step that fails in between (a full disk) leaves the trainer at
+        the last committed version."""
         cfg = self.cfg
         v = cfg.policy_version
         self.store.execute(
@@ -655,22 +657,55 @@ class Coordinator:
             data = self.blobs.get(k)
             if data is not None:
                 files.append(RolloutFile.from_bytes(data, max_bytes=cfg.max_rollout_bytes))
-        stats = await trio.to_thread.run_sync(self.trainer.step, files, v)
         new = v + 1
+        if new in self.weights.versions():  # published by an attempt that died before its commit
+            log.warning("dropping policy version %d, published but never committed by an earlier attempt", new)
+            self.weights.remove(new)
+        stats = await trio.to_thread.run_sync(self.trainer.step, files, v)
+        protect = self.retained_versions(new, time.time())
+        try:
+            manifest = await self._publish_step(new, protect)
+            self._commit_step(new, keys, files, stats, manifest.manifest_hash())
+        except Exception:
+            # The trainer in memory has taken a step that is not committed (a full disk, say): go back to
+            # the last committed version, so that the retry trains on these rollouts once, not twice.
+            self.weights.remove(new)
+            self.trainer = await trio.to_thread.run_sync(self._load_trainer)
+            raise
         from pool.grpo import OPTIMIZER_FILE
 
+        self._announce_now.set()
+        for old in sorted((cfg.data_dir / "checkpoints").glob("v*")):
+            n = int(old.name[1:]) if old.name[1:].isdigit() else None
+            if n is not None and n <= new - cfg.keep_checkpoints and n not in protect:
+                shutil.rmtree(old, ignore_errors=True)
+            elif n is not None and n < new:  # the optimizer state is only needed to resume from the newest
+                (old / OPTIMIZER_FILE).unlink(missing_ok=True)
+        log.info(
+            "policy step -> version %d: mean reward %.3f over %d files (versions %s), %d samples trained, %.1f s",
+            new, stats.mean_reward, len(files), sorted({f.header.policy_version for f in files}),
+            stats.samples_trained, stats.seconds,
+        )  # fmt: skip
+        return True
+
+    async def _publish_step(self, new: int, protect: set[int]) -> Any:
+        """Save the trainer's weights (and optimizer state) as checkpoint `new` and publish it on the
+        weight server (pruning old versions but those in `protect`); returns the manifest."""
         trainer = self.trainer
 
         def save() -> Path:
-            folder = trainer.save(cfg.data_dir / "checkpoints" / f"v{new}")
+            folder = trainer.save(self.cfg.data_dir / "checkpoints" / f"v{new}")
             trainer.save_optimizer(folder)
             return folder
 
         ckpt = await trio.to_thread.run_sync(save)
-        protect = self.retained_versions(new, time.time())
-        manifest = await trio.to_thread.run_sync(
+        return await trio.to_thread.run_sync(
             lambda: self.weights.publish(ckpt / "model.safetensors", new, protect=protect)
         )
+
+    def _commit_step(self, new: int, keys: list[str], files: list[Any], stats: Any, manifest_hash: str) -> None:
+        """One transaction: the rollouts marked trained, the step recorded, the version bumped."""
+        cfg = self.cfg
         versions = sorted({f.header.policy_version for f in files})
         self.store.execute_many(
             [("UPDATE rollouts SET trained = 1 WHERE work_key = ?", (k,)) for k in keys]
@@ -686,7 +721,7 @@ class Coordinator:
                         int(stats.stale_rejected),
                         json.dumps(versions),
                         float(stats.seconds),
-                        manifest.manifest_hash(),
+                        manifest_hash,
                         time.time(),
                     ),
                 ),
@@ -699,15 +734,3 @@ class Coordinator:
         cfg.policy_version = new
         if self.metrics is not None:
             self.metrics.policy_version.set(new)
-        self._announce_now.set()
-        for old in sorted((cfg.data_dir / "checkpoints").glob("v*")):
-            n = int(old.name[1:]) if old.name[1:].isdigit() else None
-            if n is not None and n <= new - cfg.keep_checkpoints and n not in protect:
-                shutil.rmtree(old, ignore_errors=True)
-            elif n is not None and n < new:  # the optimizer state is only needed to resume from the newest
-                (old / OPTIMIZER_FILE).unlink(missing_ok=True)
-        log.info(
-            "policy step -> version %d: mean reward %.3f over %d files (versions %s), %d samples trained, %.1f s",
-            new, stats.mean_reward, len(files), versions, stats.samples_trained, stats.seconds,
-        )  # fmt: skip
-        return True

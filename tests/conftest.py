@@ -3,6 +3,9 @@ chain snapshot reverted after every test so tests do not see each other's state.
 
 from __future__ import annotations
 
+import contextlib
+import resource
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +20,20 @@ from node.chain.anvil import ANVIL_KEYS, Anvil
 from node.chain.rpc import RpcClient
 from node.keys import from_hex
 from pool.deploy import TOKEN, DeployParams, deploy
+
+
+@contextlib.contextmanager
+def file_size_limit(limit: int) -> Iterator[None]:
+    """Writes past `limit` bytes of one file fail with EFBIG (the kernel's RLIMIT_FSIZE), as they would
+    with ENOSPC on a full disk; SIGXFSZ is ignored so the write returns the error instead."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
 
 
 def rpc_sync(url: str, method: str, params: list[object] | None = None) -> object:

@@ -218,11 +218,16 @@ class WeightStore:
         """Drop all but the newest ``keep`` versions and those in ``protect``; returns the versions removed."""
         old = [v for v in sorted(self._manifests)[: -self.keep] if v not in protect]
         for v in old:
-            del self._manifests[v], self._manifest_bytes[v], self._present[v]
-            for key in [k for k in self._waiters if k[0] == v]:
-                self._waiters.pop(key).set()
-            shutil.rmtree(self._dir(v), ignore_errors=True)
+            self.remove(v)
         return old
+
+    def remove(self, version: int) -> None:
+        """Stop holding ``version`` (its files go; anyone waiting for its shards is answered)."""
+        if self._manifests.pop(version, None) is not None:
+            del self._manifest_bytes[version], self._present[version]
+        for key in [k for k in self._waiters if k[0] == version]:
+            self._waiters.pop(key).set()
+        shutil.rmtree(self._dir(version), ignore_errors=True)
 
 
 # ---------------------------------------------------------------------- rate limit

@@ -3,6 +3,8 @@ stays, a member that goes silent is ejected on chain."""
 
 from __future__ import annotations
 
+import hashlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ from node.p2p.network import PoolNetwork
 from node.p2p.rules import Membership
 from pool.coordinator import Coordinator, CoordinatorConfig
 from pool.deploy import TOKEN
-from tests.conftest import World
+from tests.conftest import World, file_size_limit
 
 
 async def _pool_with_two_members(chain: World) -> int:
@@ -133,3 +135,82 @@ def test_checkpoints_current_within_the_retention_time_stay_served(tmp_path: Pat
     assert coord.retained_versions(9, now + 250) == set(range(4, 10))  # v3 superseded at now-400
     coord.cfg.keep_checkpoint_seconds = 0.0
     assert coord.retained_versions(9, now + 10_000) == {8, 9}
+
+
+async def test_a_step_that_is_not_committed_is_trained_once(tmp_path: Path, vllm_engine: Any, tiny_model: Path) -> None:
+    """A version published by an attempt that died before its commit is replaced, not a dead end; a step
+    whose checkpoint cannot be written (a full disk) leaves the trainer at the last committed version, so
+    the retry trains on those rollouts once."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    from node.daemon import ModelTools
+    from node.inference.engine import SamplingSpec
+    from node.rollout.build import build_rollout_file
+    from node.rollout.file import RolloutHeader
+    from node.tasks.math import ThinkingBudgetEnv
+    from node.tasks.prompts import prompt_encoder, stop_ids
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    tools = ModelTools(
+        "tiny",
+        tiny_model,
+        prompt_encoder(tok),
+        lambda ids: str(tok.decode(ids, skip_special_tokens=True)),
+        stop_ids(tok),
+    )
+    cfg = CoordinatorConfig(
+        pool_id=1,
+        data_dir=tmp_path,
+        rpc_url="http://127.0.0.1:1",
+        deployment=Deployment(chain_id=31337, contracts={}, block=0),
+        model="tiny",
+        train_files=1,
+    )
+    coord = Coordinator(cfg, Account.create())
+    coord.tools = tools
+    coord.trainer = coord._load_trainer()
+    env = ThinkingBudgetEnv()
+    sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 64}  # as in the devnet: some stop early
+
+    def add_rollout(seed: int) -> str:
+        problems = env.problems(seed, 4)
+        spec = SamplingSpec(1.0, 1.0, 64, seed=seed, stop_token_ids=tuple(sorted(tools.stop_ids)))
+        groups = vllm_engine.generate([tools.encode(p.prompt) for p in problems], spec, n=8)
+        header = RolloutHeader(1, "0x" + "ab" * 20, cfg.policy_version, env.name, seed, sampling, "tiny")
+        key = coord.blobs.put(build_rollout_file(header, problems, groups, env=env, decode=tools.decode).to_bytes())
+        coord.store.execute(
+            "INSERT INTO rollouts(work_key, task_id, node, units, policy_version, proof_commitment, mean_reward, "
+            "accepted_at) VALUES(?, ?, ?, 1, ?, '0x', 0, ?)",
+            (key, f"task-{seed}", "0x" + "ab" * 20, cfg.policy_version, time.time()),
+        )
+        return key
+
+    def samples(version: int) -> int:  # a step that trained on nothing would prove nothing here
+        return int(coord.store.query("SELECT samples FROM steps WHERE version = ?", (version,))[0][0])
+
+    def trained(key: str) -> int:
+        return int(coord.store.query("SELECT trained FROM rollouts WHERE work_key = ?", (key,))[0][0])
+
+    # a coordinator killed between publishing version 1 and committing it left this behind
+    coord.weights.publish(tiny_model / "model.safetensors", 1)
+    first = add_rollout(1)
+    assert await coord.train_step()
+    assert cfg.policy_version == 1 and trained(first) == 1 and samples(1) > 0
+    ckpt1 = tmp_path / "checkpoints" / "v1" / "model.safetensors"
+    m1 = coord.weights.manifest(1)
+    assert m1 is not None and m1.sha256 == hashlib.sha256(ckpt1.read_bytes()).hexdigest()
+    assert coord.history()[1] == m1.manifest_hash()
+
+    second = add_rollout(2)
+    with file_size_limit(64 * 1024), pytest.raises(Exception, match="File too large"):
+        await coord.train_step()  # the checkpoint (10 MB) cannot be written
+    assert cfg.policy_version == 1 and coord.store.get("policy_version") == "1" and trained(second) == 0
+    assert coord.weights.versions()[-1] == 1 and 2 not in coord.history()
+    saved = load_file(str(ckpt1))
+    now = coord.trainer.state_dict_for_inference()
+    assert saved.keys() == now.keys() and all(torch.equal(saved[k], now[k]) for k in saved)
+
+    assert await coord.train_step()  # room again: the same rollouts, trained once
+    assert cfg.policy_version == 2 and trained(second) == 1 and samples(2) > 0

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import resource
-import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +16,7 @@ import trio
 from node.weights.client import DownloadError, DownloadStats, SourceError, download
 from node.weights.manifest import Manifest, shard_file
 from node.weights.server import Relay, WeightStore, serve_weights
+from tests.conftest import file_size_limit
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARD = 128 * 1024
@@ -204,20 +201,6 @@ async def test_interrupted_download_resumes(tmp_path: Path) -> None:
         nursery.cancel_scope.cancel()
 
 
-@contextlib.contextmanager
-def _file_size_limit(limit: int) -> Iterator[None]:
-    """Writes past `limit` bytes of one file fail with EFBIG (the kernel's RLIMIT_FSIZE), as they would
-    with ENOSPC on a full disk; SIGXFSZ is ignored so the write returns the error instead."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        signal.signal(signal.SIGXFSZ, handler)
-
-
 async def test_failed_writes_are_download_errors_and_keep_verified_shards(tmp_path: Path) -> None:
     """A full disk is a `DownloadError` naming the folder (a worker logs it and tries again later, it does
     not crash); no partial file is left behind, and the shards already verified are kept for the next try."""
@@ -228,10 +211,10 @@ async def test_failed_writes_are_download_errors_and_keep_verified_shards(tmp_pa
     shard_dir = dest / "2" / "shards"
     async with trio.open_nursery() as nursery:
         url, _ = await _serve(nursery, origin)
-        with _file_size_limit(SHARD // 2), pytest.raises(DownloadError, match=f"cannot write version 2 under {dest}"):
+        with file_size_limit(SHARD // 2), pytest.raises(DownloadError, match=f"cannot write version 2 under {dest}"):
             await download(2, m.manifest_hash(), [url], dest, timeout=30)  # no shard fits
         assert not list(shard_dir.glob("*.tmp")) and not list(shard_dir.glob(".*"))
-        with _file_size_limit(2 * SHARD), pytest.raises(DownloadError, match="File too large"):
+        with file_size_limit(2 * SHARD), pytest.raises(DownloadError, match="File too large"):
             await download(2, m.manifest_hash(), [url], dest, timeout=30)  # shards fit, the whole file not
         assert len(list(shard_dir.glob("shard-*"))) == len(m.shards)
         assert not (dest / "2" / m.name).exists() and not list((dest / "2").glob(".*"))
@@ -253,9 +236,8 @@ async def test_relay_on_a_full_disk_fails_the_version_at_once_and_keeps_running(
     async with trio.open_nursery() as nursery:
         url, _ = await _serve(nursery, origin)
         relay, relay_url = await _relay(nursery, tmp_path / "relay", url)
-        with _file_size_limit(SHARD // 2), trio.fail_after(20):
-            with pytest.raises(SourceError, match="cannot store shard"):
-                await relay.sync(3, m3.manifest_hash())
+        with file_size_limit(SHARD // 2), trio.fail_after(20), pytest.raises(SourceError, match="cannot store shard"):
+            await relay.sync(3, m3.manifest_hash())
         (tmp_path / "relay" / "4").write_bytes(b"")  # the version's folder cannot be made
         with trio.fail_after(20), pytest.raises(SourceError, match="cannot store it"):
             await relay.sync(4, m4.manifest_hash())
