@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from node.store import JournaledTx, SqliteTxJournal, Store, StoreError
+from tests.conftest import file_size_limit
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = "CREATE TABLE IF NOT EXISTS items (k TEXT PRIMARY KEY, n INTEGER NOT NULL);"
@@ -204,3 +205,24 @@ def test_corrupt_state_file_is_a_readable_error(tmp_path: Path) -> None:
     path.write_bytes(b"this is not a database" * 100)
     with pytest.raises(StoreError, match=r"cannot open state file .*worker\.db: file is not a database"):
         Store(path)
+
+
+def test_a_full_disk_is_a_readable_error_and_loses_nothing(tmp_path: Path) -> None:
+    """A write the disk cannot take (here: the kernel's file size limit, as ENOSPC would) is a StoreError
+    saying so; the failed transaction leaves no part of itself, and what was committed before stays."""
+    s = Store(tmp_path / "w.db", "CREATE TABLE IF NOT EXISTS t (k INTEGER PRIMARY KEY, v TEXT NOT NULL);")
+    try:
+        s.execute("INSERT INTO t VALUES(0, 'kept')")
+        rows = [("INSERT INTO t VALUES(?, ?)", (i, "x" * 4096)) for i in range(1, 200)]
+        with file_size_limit(128 * 1024), pytest.raises(StoreError, match=r"writing .*w\.db failed: .*disk full"):
+            s.execute_many(rows)
+        assert [tuple(r) for r in s.query("SELECT k, v FROM t")] == [(0, "kept")]
+        s.execute_many(rows)  # room again: the same transaction goes through
+        assert s.scalar("SELECT COUNT(*) FROM t") == 200
+    finally:
+        s.close()
+    reopened = Store(tmp_path / "w.db")
+    try:
+        assert reopened.scalar("SELECT v FROM t WHERE k = 0") == "kept"
+    finally:
+        reopened.close()
