@@ -19,7 +19,7 @@ from node.chain import ChainError
 from node.daemon import setup_logging, until_signal
 from node.p2p.discovery import parse_bootstrap
 from node.protocol import ProtocolError
-from node.store import StoreError
+from node.store import DISK_FULL, StoreError
 
 from ._common import AMOUNT, Settings, common
 
@@ -65,6 +65,11 @@ def _daemon_errors() -> Iterator[None]:
             raise leaves[0] from None
     except StoreError as exc:
         raise ChainError(str(exc), "check --data-dir (writable, space left)") from None
+    except OSError as exc:
+        if exc.errno not in DISK_FULL:
+            raise
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise ChainError(f"out of disk space{where}: {exc.strerror}", "free space under --data-dir") from None
     except ProtocolError as exc:
         raise ChainError(f"the coordinator: {exc}") from None
 

@@ -13,18 +13,62 @@ makes "no duplicate transaction" hold across crashes.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
+import os
 import sqlite3
+import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import trio
 
 from .chain.errors import ChainError
 from .chain.tx import Receipt, TxSender
 
 log = logging.getLogger(__name__)
+
+# A write the disk cannot take for want of room (full, quota, the file size limit): it may fit later.
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+DISK_FULL_PREFIX = "cannot write "  # how `write_file_when_room` reports
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` durably: a temp file beside it, fsync, rename. Nothing is left on error."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+async def write_file_when_room(
+    path: Path, data: bytes, report: Callable[[str], None], retry_every: float = 30.0
+) -> None:
+    """``write_file``, waiting out a full disk: each failure for want of room is reported and the write
+    retried every ``retry_every`` seconds, so the caller's data (in memory) is not lost. Other errors raise."""
+    while True:
+        try:
+            write_file(path, data)
+            return
+        except OSError as exc:
+            if exc.errno not in DISK_FULL:
+                raise
+            report(
+                f"{DISK_FULL_PREFIX}{path}: {exc.strerror} (is the disk full?); trying again every {retry_every:.0f} s"
+            )
+        await trio.sleep(retry_every)
+
 
 _JOURNAL_SCHEMA = """
 CREATE TABLE IF NOT EXISTS txs (

@@ -38,7 +38,7 @@ from .p2p.network import PoolNetwork
 from .policy import PolicyAnnouncement, PolicyBook, checkpoint_folder
 from .rollout.checks import Reason, Verdict
 from .rollout.file import RolloutFile, RolloutFormatError
-from .store import Store, settle_journal
+from .store import DISK_FULL, Store, StoreError, settle_journal, write_file
 from .tasks.math import get_env
 from .verify import Calibrated, FileVerdict, verify_file
 
@@ -165,8 +165,10 @@ class Validator:
                             await self.follow()
                             await self.check_open()
                             self.last_error = ""
-                        except (ChainError, RpcUnavailable, trio.TooSlowError) as exc:
-                            self.last_error = str(exc)
+                        except (ChainError, RpcUnavailable, trio.TooSlowError, StoreError, OSError) as exc:
+                            if isinstance(exc, OSError) and exc.errno not in DISK_FULL:
+                                raise
+                            self.last_error = str(exc)  # a full disk too: the window is long, room may come
                             log.warning("validation round failed (will retry): %s", exc)
                         await trio.sleep(cfg.poll_every)
         finally:
@@ -323,7 +325,7 @@ class Validator:
     def _save_evidence(self, key: str, verdict: dict[str, Any]) -> str:
         body = json.dumps({"work_key": key, "pool": self.cfg.pool_id, **verdict}, sort_keys=True).encode()
         digest = "0x" + hashlib.sha256(body).hexdigest()
-        (self.evidence_dir / f"{digest[2:]}.json").write_bytes(body)
+        write_file(self.evidence_dir / f"{digest[2:]}.json", body)
         return digest
 
     async def _publish_verdict(self, key: str, ok: bool, reason: str, evidence: str) -> None:

@@ -14,7 +14,6 @@ treats a repeat as a duplicate). Transactions go through the durable journal.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from .p2p.host import P2PError
 from .p2p.network import PoolNetwork
 from .policy import PolicyAnnouncement, PolicyBook
 from .rollout.file import RolloutFile, RolloutHeader, work_key
-from .store import Store, settle_journal
+from .store import DISK_FULL_PREFIX, Store, settle_journal, write_file_when_room
 from .tasks.math import get_env
 
 log = logging.getLogger("intellect.worker")
@@ -349,11 +348,9 @@ class Worker:
                 continue
             key = work_key(data)
             path = self.cfg.data_dir / "rollouts" / f"{key[2:]}.parquet"
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(data)
-            with open(tmp, "rb+") as fh:
-                os.fsync(fh.fileno())
-            tmp.replace(path)
+            await write_file_when_room(path, data, self._disk_full)
+            if self.last_error.startswith(DISK_FULL_PREFIX):
+                self.last_error = ""
             f = RolloutFile.from_bytes(data)
             units = f.units
             mean = sum(s.reward for s in f.samples) / len(f.samples)
@@ -366,6 +363,10 @@ class Worker:
             self._count("tokens_generated", units)
             self._count("proofs_built", sum(len(s.proofs) for s in f.samples))
             await self.submit(key, task.task_id, data)
+
+    def _disk_full(self, why: str) -> None:
+        self.phase, self.last_error = "waiting for disk space", why
+        log.error("%s", why)
 
     async def submit(self, key: str, task_id: str, data: bytes) -> None:
         assert self.net is not None and self.coordinator_peer is not None

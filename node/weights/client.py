@@ -21,7 +21,6 @@ file (``dest/<version>/<name>``, e.g. ``model.safetensors``), ready for
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import logging
@@ -32,6 +31,7 @@ from pathlib import Path
 import httpx
 import trio
 
+from node.store import DISK_FULL
 from node.weights.manifest import (
     MANIFEST_FILE,
     MAX_MANIFEST_BYTES,
@@ -62,7 +62,7 @@ class DownloadError(Exception):
 
 
 def _disk_error(version: int, dest: Path, exc: OSError) -> DownloadError:
-    hint = " (is the disk full?)" if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else ""
+    hint = " (is the disk full?)" if exc.errno in DISK_FULL else ""
     return DownloadError(f"cannot write version {version} under {dest}: {exc.strerror or exc}{hint}")
 
 

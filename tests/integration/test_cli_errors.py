@@ -3,7 +3,9 @@ changes nothing on chain (no block mined, the sender's nonce unchanged)."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 
 import pytest
 import trio
@@ -281,3 +283,17 @@ def test_advance_time_with_rpc_down(chain, monkeypatch, capsys):
         chain, None, ["chain", "advance-time", "10", "--rpc-url", "http://127.0.0.1:9"], monkeypatch, capsys
     )
     assert_one_line_error(code, err, "cannot reach the RPC endpoint")
+
+
+def test_a_daemon_out_of_disk_space_ends_with_one_line() -> None:
+    """A full disk that a daemon cannot wait out ends it with a one-line error naming the file (trio
+    wraps it in exception groups); any other OSError is a bug and keeps its traceback."""
+    from cli.daemons import _daemon_errors
+    from node.chain.errors import ChainError
+
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/data/worker.db-wal")
+    want = r"^out of disk space \(/data/worker\.db-wal\): No space left on device; free space"
+    with pytest.raises(ChainError, match=want), _daemon_errors():
+        raise BaseExceptionGroup("daemon", [BaseExceptionGroup("nursery", [full])])
+    with pytest.raises(ConnectionRefusedError), _daemon_errors():
+        raise ConnectionRefusedError(errno.ECONNREFUSED, "refused")

@@ -14,8 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio
 
-from node.store import JournaledTx, SqliteTxJournal, Store, StoreError
+from node.store import JournaledTx, SqliteTxJournal, Store, StoreError, write_file_when_room
 from tests.conftest import file_size_limit
 
 REPO = Path(__file__).resolve().parents[2]
@@ -226,3 +227,30 @@ def test_a_full_disk_is_a_readable_error_and_loses_nothing(tmp_path: Path) -> No
         assert reopened.scalar("SELECT v FROM t WHERE k = 0") == "kept"
     finally:
         reopened.close()
+
+
+async def test_a_file_write_waits_out_a_full_disk(tmp_path: Path) -> None:
+    """`write_file_when_room` keeps the data and retries while the disk has no room (reporting why),
+    leaves no partial file meanwhile, and finishes once room is back; other errors raise at once."""
+    reports: list[str] = []
+    path = tmp_path / "rollout.bin"
+    data = os.urandom(256 * 1024)
+    done = trio.Event()
+
+    async def write() -> None:
+        await write_file_when_room(path, data, reports.append, retry_every=0.05)
+        done.set()
+
+    async with trio.open_nursery() as nursery:
+        with file_size_limit(64 * 1024):
+            nursery.start_soon(write)
+            with trio.move_on_after(0.5):
+                await done.wait()
+            assert not done.is_set()
+            assert len(reports) >= 2 and f"cannot write {path}: File too large (is the disk full?)" in reports[0]
+            assert list(tmp_path.iterdir()) == []
+        with trio.fail_after(10):
+            await done.wait()
+    assert path.read_bytes() == data and [p.name for p in tmp_path.iterdir()] == ["rollout.bin"]
+    with pytest.raises(FileNotFoundError):
+        await write_file_when_room(tmp_path / "missing" / "x", data, reports.append)
