@@ -28,6 +28,7 @@ from typing import Any
 import msgpack
 
 from node.p2p.host import DEFAULT_MAX_RESPONSE, P2PError, P2PNode
+from node.store import write_file
 
 logger = logging.getLogger(__name__)
 
@@ -71,19 +72,8 @@ class BlobStore:
             raise ValueError(f"blob of {len(data)} bytes exceeds the store limit of {self.max_bytes} bytes")
         key = blob_key(data)
         path = self._path(key)
-        if path.exists():
-            return key
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".put-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        if not path.exists():
+            write_file(path, data)
         return key
 
     def put_file(self, key: str, tmp_path: Path) -> None:
