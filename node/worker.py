@@ -371,17 +371,11 @@ class Worker:
     async def submit(self, key: str, task_id: str, data: bytes) -> None:
         assert self.net is not None and self.coordinator_peer is not None
         self.phase = f"uploading {key[:12]}"
-        delay = 1.0
-        for attempt in range(8):
-            try:
-                await upload_blob(self.net.node, self.coordinator_peer, data)
-                break
-            except P2PError as exc:
-                if attempt == 7:
-                    raise ChainError(f"upload of rollout {key} failed: {exc}", "the coordinator may be down") from None
-                log.warning("upload of %s failed (%s); retrying in %.0f s", key[:12], exc, delay)
-                await trio.sleep(delay)
-                delay = min(delay * 2, 15.0)
+        node, peer = self.net.node, self.coordinator_peer
+        try:  # as long as any other request waits for the coordinator (--connect-wait)
+            await self._retry_p2p(lambda: upload_blob(node, peer, data), f"upload of {key[:12]}")
+        except P2PError as exc:
+            raise ChainError(f"upload of rollout {key} failed: {exc}", "the coordinator may be down") from None
         self._count("rollouts_uploaded")
         try:
             reply = await self._request(
