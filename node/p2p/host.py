@@ -895,8 +895,9 @@ class P2PNode:
                     try:
                         response = await handler(request, sender)
                         reply = bytes([_STATUS_OK]) + _frame(response)
-                    except Exception as exc:
-                        logger.info("handler %s failed for %s: %r", protocol_id, sender, exc)
+                    except Exception as exc:  # an OSError is ours (a full disk, say), not the peer's fault
+                        level = logging.ERROR if isinstance(exc, OSError) else logging.INFO
+                        logger.log(level, "handler %s failed for %s: %r", protocol_id, sender, exc)
                         reply = bytes([_STATUS_ERR]) + _frame(f"handler error: {type(exc).__name__}".encode())
                     await stream.write(reply)
                 await stream.close()
