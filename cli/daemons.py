@@ -193,7 +193,9 @@ def _confirm(question: str) -> bool:
 @click.option("--bootstrap", multiple=True, help="Bootstrap multiaddr(s) (default: the pool's on-chain record).")
 @click.option("--stake", type=AMOUNT, help="Stake at least this much (default: the pool's minimum).")
 @click.option("--steps", type=int, default=0, show_default=True, help="Stop taking tasks after N accepted (0: never).")
-@click.option("--cheat", type=click.Choice(["model", "temperature"]), hidden=True, help="Devnet adversary.")
+@click.option(
+    "--cheat", type=click.Choice(["model", "temperature", "duplicate", "poison"]), hidden=True, help="Devnet adversary."
+)
 @click.option(
     "--metrics",
     "metrics_at",
@@ -270,7 +272,11 @@ def join_command(
 @click.option("--data-dir", type=click.Path(file_okay=False), default="~/.intellect-node/validator", show_default=True)
 @click.option("--listen", default="/ip4/0.0.0.0/tcp/0", show_default=True)
 @click.option("--bootstrap", multiple=True, help="Bootstrap multiaddr(s) (default: the pool's on-chain record).")
-@click.option("--model", default="tiny", show_default=True, help="The pool's model (tiny, smollm2 or a folder).")
+@click.option(
+    "--model",
+    default=None,
+    help="Model to check with (default: the one the pool's task spec names; any other is refused).",
+)
 @click.option("--thresholds", help="Thresholds file or name (default: the model's shipped calibration).")
 @click.option(
     "--sample-rate",
@@ -289,7 +295,7 @@ def validate_command(
     data_dir: str,
     listen: str,
     bootstrap: tuple[str, ...],
-    model: str,
+    model: str | None,
     thresholds: str | None,
     sample_rate: float,
     metrics_at: str,
@@ -326,12 +332,14 @@ def validate_command(
     "--data-dir", type=click.Path(file_okay=False), default="~/.intellect-node/coordinator", show_default=True
 )
 @click.option("--listen", default="/ip4/0.0.0.0/tcp/4001", show_default=True)
-@click.option("--model", default="tiny", show_default=True)
-@click.option("--env", "env_name", type=click.Choice(["math", "thinking-budget"]), default="math", show_default=True)
+@click.option("--model", help="The pool's model (default: its task spec's; another one is refused).")
+@click.option(
+    "--env", "env_name", type=click.Choice(["math", "thinking-budget"]), help="Environment (default: the spec's)."
+)
 @click.option("--prompts", type=int, default=4, show_default=True, help="Problems per task.")
-@click.option("--group-size", type=int, default=4, show_default=True, help="Completions per problem.")
-@click.option("--max-tokens", type=int, default=64, show_default=True)
-@click.option("--temperature", type=float, default=1.0, show_default=True)
+@click.option("--group-size", type=int, help="Completions per problem (default: the spec's).")
+@click.option("--max-tokens", type=int, help="Completion budget (default: the spec's).")
+@click.option("--temperature", type=float, help="Sampling temperature (default: the spec's).")
 @click.option("--record-every", type=float, default=5.0, show_default=True, help="Seconds between work batches.")
 @click.option(
     "--eject-after", type=float, default=600.0, show_default=True, help="Eject members silent this long (0: never)."
@@ -339,7 +347,7 @@ def validate_command(
 @click.option("--train/--no-train", default=False, show_default=True, help="Train the policy with GRPO.")
 @click.option("--train-files", type=int, default=2, show_default=True, help="Rollout files per policy step.")
 @click.option("--lr", type=float, default=2e-4, show_default=True, help="Learning rate (AdamW).")
-@click.option("--async-level", type=int, default=2, show_default=True, help="Oldest usable policy: current - N.")
+@click.option("--async-level", type=int, help="Oldest usable policy: current - N (default: the spec's).")
 @click.option(
     "--seed",
     type=int,
@@ -366,18 +374,18 @@ def coordinator_command(
     pool_id: int,
     data_dir: str,
     listen: str,
-    model: str,
-    env_name: str,
+    model: str | None,
+    env_name: str | None,
     prompts: int,
-    group_size: int,
-    max_tokens: int,
-    temperature: float,
+    group_size: int | None,
+    max_tokens: int | None,
+    temperature: float | None,
     record_every: float,
     eject_after: float,
     train: bool,
     train_files: int,
     lr: float,
-    async_level: int,
+    async_level: int | None,
     seed: int | None,
     weights_at: str,
     weights_rate: float | None,
@@ -387,7 +395,8 @@ def coordinator_command(
     verbose: bool,
 ) -> None:
     """Coordinate pool POOL: invites, tasks, rollout intake, batched work records, ejections, and with
-    --train the GRPO trainer and the origin of the weight broadcast."""
+    --train the GRPO trainer and the origin of the weight broadcast. Model, environment, sampling, group
+    size and async level come from the pool's task spec (checked against its on-chain hash)."""
     from pool.coordinator import Coordinator, CoordinatorConfig
 
     setup_logging(verbose)
@@ -404,7 +413,7 @@ def coordinator_command(
         env=env_name,
         prompts=prompts,
         group_size=group_size,
-        sampling={"temperature": temperature, "top_p": 1.0, "max_tokens": max_tokens},
+        sampling={k: v for k, v in (("temperature", temperature), ("max_tokens", max_tokens)) if v is not None} or None,
         record_every=record_every,
         eject_after=eject_after,
         rpc_wait=rpc_wait,

@@ -919,25 +919,47 @@ def rollout_group() -> None:
 @click.option("--model", default=None, help="Model to prefill with (default: the file's model).")
 @click.option("--thresholds", help="Thresholds file or model name (default: the model's shipped thresholds).")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
+@click.option(
+    "--spec",
+    "spec_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="The pool's task spec: check against its terms (default: the terms the file's header declares).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def rollout_verify(file: str, model: str | None, thresholds: str | None, dtype: str, as_json: bool) -> None:
-    """Run the validator's checks on a rollout file; exits 1 if it fails."""
+def rollout_verify(
+    file: str, model: str | None, thresholds: str | None, dtype: str, spec_file: str | None, as_json: bool
+) -> None:
+    """Run the validator's checks on a rollout file; exits 1 if it fails. Without --spec the header's own
+    sampling parameters are used (an inspection aid: a validator takes them from the pool's spec)."""
     from transformers import AutoTokenizer
 
     from node.inference.engine import HfPrefill
     from node.inference.models import ensure_model
+    from node.rollout.checks import SamplingParams
     from node.rollout.file import RolloutFile, RolloutFormatError, work_key
+    from node.rollout.intake import check_terms
     from node.tasks import get_env
     from node.tasks.prompts import prompt_encoder, stop_ids
+    from node.taskspec import TaskSpec, parse_spec
     from node.verify import Calibrated, verify_file
 
     data = Path(file).read_bytes()
     try:
         f = RolloutFile.from_bytes(data)
-        name = model or f.header.model
+        h = f.header
+        spec = (
+            parse_spec(Path(spec_file).read_bytes())
+            if spec_file
+            else TaskSpec(h.model, h.env, dict(h.sampling))  # the header's own claims
+        )
+        wrong = check_terms(h, pool_id=h.pool_id, env=spec.env, model=spec.model, sampling=spec.sampling)
+        if wrong is not None:
+            raise ValueError(f"{wrong.reason}: {wrong.detail}")
+        params: SamplingParams = spec.sampling_params()
+        name = model or spec.model
         cal = Calibrated.load(thresholds or name)
-        env = get_env(f.header.env)
-    except (RolloutFormatError, ValueError) as exc:
+        env = get_env(spec.env)
+    except (RolloutFormatError, ValueError, KeyError, TypeError) as exc:
         raise ChainError(f"{file}: {exc}") from None
     model_dir = ensure_model(name)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
@@ -950,6 +972,8 @@ def rollout_verify(file: str, model: str | None, thresholds: str | None, dtype: 
     v = verify_file(
         f,
         run_prefill,
+        params=params,
+        vocab_size=prefill.vocab_size,
         env=env,
         encode_prompt=prompt_encoder(tok),
         decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
@@ -1059,10 +1083,11 @@ def eval_cmd(
 @click.option("--adversary", is_flag=True, help="Add a cheating worker.")
 @click.option(
     "--adversary-kind",
-    type=click.Choice(["model", "temperature"]),
+    type=click.Choice(["model", "temperature", "duplicate", "poison"]),
     default="model",
     show_default=True,
-    help="How the adversary cheats: another model's weights, or a hotter temperature than claimed.",
+    help="How the adversary cheats: another model's weights, a hotter temperature than claimed, one completion "
+    "copied to fill each group (duplicate), or proofs that crash the reference verifier (poison).",
 )
 @click.option("--window", type=int, default=24 * 3600, show_default=True, help="Validation window (seconds).")
 @click.option("--report", type=click.Path(dir_okay=False), help="Write the outcome (with the audit) as JSON here.")

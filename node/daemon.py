@@ -3,6 +3,7 @@ retries, the pool's bootstrap peers, model tools, clean shutdown on SIGINT/SIGTE
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 from collections.abc import Awaitable, Callable
@@ -59,9 +60,11 @@ async def retry(
     wait: float,
     delay: float = 0.5,
     max_delay: float = 10.0,
+    on_retry: Callable[[str], None] | None = None,
 ) -> Any:
     """Run `fn`, retrying with exponential back-off while it raises one of `errors`; the last error
-    is re-raised once the next attempt would start more than `wait` seconds after the first."""
+    is re-raised once the next attempt would start more than `wait` seconds after the first (never,
+    with `wait=math.inf`). `on_retry` hears why each retry waits (a daemon's status line)."""
     deadline = trio.current_time() + wait
     while True:
         try:
@@ -69,7 +72,10 @@ async def retry(
         except errors as exc:
             if trio.current_time() + delay > deadline:
                 raise
-            log.warning("%s failed (%s); retrying in %.1f s", what, exc, delay)
+            why = f"{what} failed ({exc}); retrying in {delay:.1f} s"
+            log.warning("%s", why)
+            if on_retry is not None:
+                on_retry(why)
             await trio.sleep(delay)
             delay = min(delay * 2, max_delay)
 
@@ -132,6 +138,7 @@ class ModelTools:
     encode: Callable[[str], list[int]]
     decode: Callable[[list[int]], str]
     stop_ids: set[int]
+    vocab_size: int = 0  # rows of the model's output layer: every token id it can emit is below this
 
 
 def model_tools(name: str) -> ModelTools:
@@ -148,7 +155,17 @@ def model_tools(name: str) -> ModelTools:
         prompt_encoder(tok),
         lambda ids: str(tok.decode(ids, skip_special_tokens=True)),
         stop_ids(tok),
+        model_vocab_size(path),
     )
+
+
+def model_vocab_size(path: Path) -> int:
+    """The vocabulary size in a model folder's config.json (the embedding and output rows)."""
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    size = cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size")
+    if not isinstance(size, int) or size <= 0:
+        raise ValueError(f"{path}/config.json has no vocab_size")
+    return size
 
 
 async def until_signal(cancel: trio.CancelScope, what: str) -> None:

@@ -11,7 +11,7 @@ so a refusal reaches the worker as a readable sentence, not as a bare stream err
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -19,11 +19,16 @@ import msgpack
 
 from .chain.errors import ChainError
 from .rollout.file import RolloutFile
+from .rollout.intake import Problem as Refusal
+from .rollout.intake import check_bounds, check_terms, implausible_repeats, reported_logps
 from .tasks.math import MathEnv, Problem
 
 INVITE_PROTOCOL = "/intellect/invite/1"
 TASK_PROTOCOL = "/intellect/task/1"
 SUBMIT_PROTOCOL = "/intellect/submit/1"
+# {"work_key": key} -> {"ok": true, "signature": the node's `RolloutClaim` signature}; served by the
+# coordinator (for every file it accepted) and by each worker (for its own files, until they are final)
+SIGNATURE_PROTOCOL = "/intellect/signature/1"
 
 MAX_MESSAGE = 64 * 1024
 REWARD_TOLERANCE = 1e-6
@@ -163,31 +168,36 @@ def check_submission(
     env: MathEnv,
     encode_prompt: Callable[[str], list[int]],
     decode: Callable[[list[int]], str],
+    vocab_size: int,
+    prior_draws: Mapping[tuple[int, ...], int] | None = None,
+    prior_copies: Mapping[tuple[tuple[int, ...], tuple[int, ...]], int] | None = None,
 ) -> Decision:
     """The coordinator's checks on an uploaded rollout file for `task` (issued to `sender`).
 
     Cheap checks only (no model): the file belongs to this task, node and pool; it is on time; its
-    policy is fresh enough; every group has the task's prompt and size; the sampling parameters are
-    the task's; each reward is what the task's verifier gives the completion. The expensive
+    header declares exactly the task's terms (`node.rollout.intake.check_terms`); token ids, logprobs
+    and lengths are in bounds; its policy is fresh enough; every group has the task's prompt and size;
+    each reward is what the task's verifier gives the completion; no completion is repeated more often
+    than its (reported) probability allows, counting the copies of earlier files (`prior_*`). The expensive
     re-computation (TOPLOC, sampling statistics) is the validators' job."""
     h = f.header
     if h.node.lower() != sender.lower() or task.node.lower() != sender.lower():
         return Decision(False, "wrong-node", f"file of {h.node}, task of {task.node}, sent by {sender}")
-    if h.pool_id != task.pool_id:
-        return Decision(False, "wrong-pool", f"file for pool {h.pool_id}, task for pool {task.pool_id}")
     if now > task.expires_at:
         return Decision(False, "expired", f"task {task.task_id} expired {now - task.expires_at:.0f} s ago")
-    if h.env != task.env or h.task_seed != task.seed or h.model != task.model:
-        return Decision(False, "wrong-task", "environment, seed or model differ from the task")
+    wrong = check_terms(h, pool_id=task.pool_id, env=task.env, model=task.model, sampling=task.sampling)
+    if wrong is None and h.task_seed != task.seed:
+        wrong = Refusal("wrong-task", f"task seed {h.task_seed}, the task's is {task.seed}")
+    if wrong is None:
+        wrong = check_bounds(f, vocab_size=vocab_size, max_tokens=int(task.sampling["max_tokens"]))
+    if wrong is not None:
+        return Decision(False, wrong.reason, wrong.detail)
     if h.policy_version < current_policy - async_level or h.policy_version > current_policy:
         return Decision(
             False,
             "stale-policy",
             f"policy {h.policy_version}, current {current_policy}, async level {async_level}",
         )
-    for k, v in task.sampling.items():
-        if h.sampling.get(k) != v:
-            return Decision(False, "wrong-sampling", f"sampling.{k} is {h.sampling.get(k)!r}, task says {v!r}")
     counts: dict[int, int] = {}
     groups: dict[int, tuple[Problem, list[int]]] = {}
     for s in f.samples:
@@ -209,4 +219,9 @@ def check_submission(
         return Decision(False, "wrong-shape", f"expected {task.prompts} groups of {task.group_size}")
     if f.units <= 0:
         return Decision(False, "empty", "no generated tokens")
+    repeat = implausible_repeats(
+        f.samples, reported_logps(f, task.sampling), prior_draws=prior_draws, prior_copies=prior_copies
+    )
+    if repeat is not None:
+        return Decision(False, repeat.reason, repeat.detail)
     return ACCEPT

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -31,15 +32,18 @@ from . import ops, protocol
 from .chain import ChainClient, ChainError, Deployment
 from .chain.abi import topic
 from .chain.errors import RpcUnavailable
+from .chain.signing import RolloutClaim
 from .daemon import ModelTools, connect_chain, count, model_tools, open_pool_network, pool_peers, retry_rpc
 from .p2p.blobs import fetch_blob
-from .p2p.host import P2PError
+from .p2p.host import P2PError, eth_address_from_peer_id
 from .p2p.network import PoolNetwork
 from .policy import PolicyAnnouncement, PolicyBook, checkpoint_folder
 from .rollout.checks import Reason, Verdict
 from .rollout.file import RolloutFile, RolloutFormatError
+from .rollout.intake import check_bounds, check_terms
 from .store import DISK_FULL, Store, StoreError, settle_journal, write_file
 from .tasks.math import get_env
+from .taskspec import TaskSpec, TaskSpecError, pool_spec
 from .verify import Calibrated, FileVerdict, verify_file
 
 log = logging.getLogger("intellect.validator")
@@ -52,11 +56,12 @@ CREATE TABLE IF NOT EXISTS checks (
     units INTEGER NOT NULL,
     policy_version INTEGER NOT NULL,
     block INTEGER NOT NULL,
-    status TEXT NOT NULL DEFAULT 'pending',  -- pending | skipped | ok | invalid | invalidated | settled | unavailable
+    status TEXT NOT NULL DEFAULT 'pending',  -- pending | skipped | ok | invalid | invalidated | settled | unsigned | error
     reason TEXT,
     evidence TEXT,
     tx TEXT,
     attempts INTEGER NOT NULL DEFAULT 0,
+    errors INTEGER NOT NULL DEFAULT 0,      -- internal errors while checking (ours, not the worker's)
     checked_at REAL
 );
 CREATE INDEX IF NOT EXISTS checks_status ON checks(status);
@@ -71,12 +76,12 @@ class ValidatorConfig:
     deployment: Deployment
     listen: str = "/ip4/127.0.0.1/tcp/0"
     bootstrap: list[str] | None = None
-    model: str = "tiny"
-    env: str = "math"
+    model: str | None = None  # None: the model the pool's task spec names; another one refuses to start
     thresholds: str | None = None
     sample_rate: float = 1.0
     poll_every: float = 2.0
-    max_fetch_attempts: int = 20
+    max_internal_errors: int = 3  # a check that fails on our side this often is given up, loudly
+    refetch_every: float = 20.0  # unavailable work is asked for again this often, until its deadline
     margin: int = 30
     rpc_wait: float = 60.0
     max_rollout_bytes: int = 16 * 1024 * 1024
@@ -90,6 +95,8 @@ class Validator:
         self.key = key
         self.metrics = metrics
         self.store = Store(cfg.data_dir / "validator.db", SCHEMA)
+        if "errors" not in {row[1] for row in self.store.query("PRAGMA table_info(checks)")}:  # an older state file
+            self.store.execute("ALTER TABLE checks ADD COLUMN errors INTEGER NOT NULL DEFAULT 0")
         self.evidence_dir = cfg.data_dir / "evidence"
         self.evidence_dir.mkdir(parents=True, exist_ok=True)
         secret = self.store.get("sampling_secret")
@@ -97,8 +104,9 @@ class Validator:
             secret = secrets.token_hex(32)
             self.store.put("sampling_secret", secret)
         self.secret = bytes.fromhex(secret)
-        self.env = get_env(cfg.env)
-        self.calibrated = Calibrated.load(cfg.thresholds or cfg.model.split(":")[0])
+        self.spec: TaskSpec | None = None
+        self.calibrated: Calibrated | None = None
+        self.last_fetch: dict[str, float] = {}
         self.tools: ModelTools | None = None
         self.prefill: Any = None
         self.chain: ChainClient | None = None
@@ -119,7 +127,7 @@ class Validator:
             "cursor": int(self.store.get("cursor", "-1") or -1),
             "checks": counts,
             "seen": sum(counts.values()),
-            "open": counts.get("pending", 0) + counts.get("invalid", 0),
+            "open": counts.get("pending", 0) + counts.get("invalid", 0) + counts.get("unsigned", 0),
             "txs": self.store.journal.counts(),
             "last_error": self.last_error,
         }
@@ -150,7 +158,8 @@ class Validator:
                     "ask governance to grant it (`intellect-node validator grant`)",
                 )
             bootstrap, self.coordinator_peer = pool_peers(cfg.bootstrap, info)
-            self.tools = await trio.to_thread.run_sync(model_tools, cfg.model)
+            model = await self.load_spec(info)
+            self.tools = await trio.to_thread.run_sync(model_tools, model)
             self.prefill = await trio.to_thread.run_sync(self._load_prefill)
             async with trio.open_nursery() as nursery:
                 _, self.net = await open_pool_network(
@@ -158,6 +167,7 @@ class Validator:
                 )
                 async with self.net:
                     nursery.start_soon(self._policy_loop)
+                    nursery.start_soon(self._announcement_loop)
                     task_status.started()
                     log.info("validating pool %d (sample rate %.2f)", cfg.pool_id, cfg.sample_rate)
                     while True:
@@ -175,6 +185,25 @@ class Validator:
             with trio.CancelScope(shield=True):
                 await self.chain.aclose()
                 self.store.close()
+
+    async def load_spec(self, info: dict[str, Any]) -> str:
+        """Read the pool's task spec (checked against its on-chain hash): the model, environment and
+        sampling parameters every file is checked against. Returns the model to load; a `--model` that
+        is not the spec's is refused, since it would find every honest file malformed."""
+        try:
+            spec = await pool_spec(info)
+        except TaskSpecError as exc:
+            raise ChainError(exc.message, exc.hint or "a validator checks work against the pool's spec") from None
+        model = self.cfg.model or spec.model
+        if model != spec.model and model.split(":")[0] != spec.model:
+            raise ChainError(
+                f"--model {model} is not the model of pool {self.cfg.pool_id} ({spec.model}, from its task spec)",
+                f"run with --model {spec.model}, or leave --model out",
+            )
+        self.spec = spec
+        self.env = get_env(spec.env)
+        self.calibrated = Calibrated.load(self.cfg.thresholds or spec.model)
+        return model
 
     def _load_prefill(self) -> Any:
         from .inference.engine import HfPrefill
@@ -224,11 +253,16 @@ class Validator:
         return len(stmts) - 1
 
     async def check_open(self) -> None:
-        rows = self.store.query("SELECT * FROM checks WHERE status IN ('pending', 'invalid') ORDER BY block")
+        rows = self.store.query(
+            "SELECT * FROM checks WHERE status IN ('pending', 'invalid', 'unsigned') ORDER BY block"
+        )
         for r in rows:
             await self.check_one(dict(r))
 
     async def check_one(self, r: dict[str, Any]) -> None:
+        """One record, one step further: checked, invalidated, or left for the next round. Nothing a
+        worker or a coordinator sends ends here as an exception: a bad file is a verdict, a failure of
+        ours is retried `max_internal_errors` times and then reported."""
         assert self.chain is not None
         c, pool, key = self.chain, self.cfg.pool_id, r["work_key"]
         rec = await retry_rpc(lambda: ops.record(c, pool, key), "record lookup")
@@ -237,7 +271,8 @@ class Validator:
             self.store.execute("UPDATE checks SET status = ? WHERE work_key = ?", (status, key))
             return
         now = await c.timestamp()
-        if now + self.cfg.margin >= int(rec["deadline"]):
+        deadline = int(rec["deadline"])
+        if now + self.cfg.margin >= deadline:
             self.store.execute(
                 "UPDATE checks SET status = 'settled', reason = 'deadline too close' WHERE work_key = ?", (key,)
             )
@@ -246,7 +281,18 @@ class Validator:
             if not self.sampled(key):
                 self.store.execute("UPDATE checks SET status = 'skipped' WHERE work_key = ?", (key,))
                 return
-            verdict = await self._verify(r)
+            try:
+                verdict = await self._verify(r, last_chance=now + 2 * self.cfg.margin >= deadline)
+            except (RpcUnavailable, StoreError):
+                raise
+            except OSError as exc:
+                if exc.errno in DISK_FULL:
+                    raise
+                self._internal_error(r, exc)
+                return
+            except Exception as exc:
+                self._internal_error(r, exc)
+                return
             if verdict is None:
                 return
             evidence = self._save_evidence(key, verdict)
@@ -261,7 +307,98 @@ class Validator:
                 log.info("work %s of node %s verified", key[:12], r["node"])
                 return
             r["evidence"] = evidence
+        if r["status"] == "unsigned" and time.monotonic() - self.last_fetch.get(key, -1e9) < self.cfg.refetch_every:
+            return
+        self.last_fetch[key] = time.monotonic()
+        if not await self.node_signed(key, r["node"]):
+            # The coordinator recorded work that nobody can show the node made: slashing the node for it
+            # would punish whoever the coordinator names. Reported instead, never invalidated; asked for
+            # again until the deadline, in case the signature reaches us late.
+            if r["status"] != "unsigned":
+                self.store.execute("UPDATE checks SET status = 'unsigned' WHERE work_key = ?", (key,))
+                await self._publish_verdict(key, False, str(Reason.UNSIGNED), str(r["evidence"]))
+                self._count("verdicts", result="unsigned")
+                log.error(
+                    "COORDINATOR FAULT: work %s recorded for node %s failed its check (%s) but carries no signature "
+                    "of that node; it is not invalidated (evidence %s)", key[:12], r["node"], r.get("reason"),
+                    r["evidence"],
+                )  # fmt: skip
+            return
+        self.last_fetch.pop(key, None)
         await self._invalidate(key, str(r["evidence"]), r["node"])
+
+    def _internal_error(self, r: dict[str, Any], exc: BaseException) -> None:
+        """A check that failed on our side (a bug, the prefill, the model): retried a bounded number of
+        times, then given up and reported loudly; never the end of the daemon."""
+        key = r["work_key"]
+        errors = int(self.store.scalar("SELECT errors FROM checks WHERE work_key = ?", (key,)) or 0) + 1
+        give_up = errors >= self.cfg.max_internal_errors
+        self.store.execute(
+            "UPDATE checks SET errors = ?, status = ?, reason = ? WHERE work_key = ?",
+            (errors, "error" if give_up else r["status"], f"internal error: {type(exc).__name__}: {exc}"[:500], key),
+        )
+        self.last_error = f"checking {key[:12]}: {type(exc).__name__}: {exc}"
+        self._count("verdicts", result="error")
+        if give_up:
+            log.error("GAVE UP checking work %s after %d internal errors", key[:12], errors, exc_info=exc)
+        else:
+            log.warning("checking work %s failed on our side (attempt %d): %r", key[:12], errors, exc)
+
+    async def node_signed(self, key: str, node: str) -> bool:
+        """Whether we hold, or can get from the coordinator or the node, the node's signature of `key`."""
+        claim = self.claim(key)
+        sig = self.store.get(f"sig:{key}")
+        if claim.signed_by(sig, node):
+            return True
+        for peer in self._sources(node):
+            try:
+                reply = protocol.reply_body(
+                    await self.net.node.request(  # type: ignore[union-attr]
+                        peer, protocol.SIGNATURE_PROTOCOL, protocol.pack({"work_key": key}), timeout=10.0
+                    ),
+                    "signature",
+                )
+            except (P2PError, protocol.ProtocolError) as exc:
+                log.info("no signature of %s from %s: %s", key[:12], peer, exc)
+                continue
+            if claim.signed_by(reply.get("signature"), node):
+                self.store.put(f"sig:{key}", str(reply["signature"]))
+                return True
+            log.warning("%s sent a signature of %s that is not node %s's", peer, key[:12], node)
+        return False
+
+    def claim(self, key: str) -> RolloutClaim:
+        assert self.chain is not None
+        return RolloutClaim(key, self.cfg.pool_id, self.chain.deployment.chain_id, self.chain.contract("WorkLedger"))
+
+    def _sources(self, node: str) -> list[str]:
+        """Where a record's file and signature may be fetched: the coordinator, then the node itself at
+        the address it announced (its peer id checked to be the node's key)."""
+        out = [self.coordinator_peer] if self.coordinator_peer else []
+        raw = self.store.get(f"peer:{node.lower()}")
+        if raw:
+            out += [a for a in json.loads(raw) if isinstance(a, str)]
+        return out
+
+    async def _announcement_loop(self) -> None:
+        """Rollout announcements: each carries the node's signature of its file and where the node
+        serves it. Kept only when the signature is the sender's and its addresses name its own key."""
+        assert self.net is not None and self.chain is not None
+        async for env in self.net.subscribe("rollout"):
+            try:
+                body = protocol.unpack(env.body, "rollout announcement")
+            except protocol.ProtocolError:
+                continue
+            key, sig, addrs = body.get("work_key"), body.get("signature"), body.get("addrs", [])
+            if not isinstance(key, str) or not re.fullmatch(r"0x[0-9a-f]{64}", key):
+                continue
+            if not self.claim(key).signed_by(sig, env.sender):
+                continue
+            self.store.put(f"sig:{key}", str(sig))
+            if isinstance(addrs, list):
+                mine = [a for a in addrs[:4] if isinstance(a, str) and len(a) < 300 and _peer_is(a, env.sender)]
+                if mine:
+                    self.store.put(f"peer:{env.sender.lower()}", json.dumps(mine))
 
     async def _invalidate(self, key: str, evidence: str, node: str) -> None:
         assert self.chain is not None
@@ -338,61 +475,108 @@ class Validator:
         except Exception as exc:
             log.debug("verdict announcement failed: %r", exc)
 
-    async def _verify(self, r: dict[str, Any]) -> dict[str, Any] | None:
-        """The verdict dict, or None when the file could not be fetched this round."""
-        assert self.net is not None and self.coordinator_peer is not None and self.tools is not None
+    async def fetch(self, r: dict[str, Any]) -> bytes | None:
+        """The record's file from the coordinator, else from the node; None if neither serves it now."""
+        assert self.net is not None
+        key, errors = r["work_key"], []
+        for peer in self._sources(str(r["node"])):
+            try:
+                return await fetch_blob(self.net.node, peer, key, max_bytes=self.cfg.max_rollout_bytes)
+            except P2PError as exc:
+                errors.append(f"{peer[-12:]}: {exc}")
+        attempts = int(r["attempts"]) + 1
+        self.store.execute("UPDATE checks SET attempts = ? WHERE work_key = ?", (attempts, key))
+        log.warning("cannot fetch rollout %s yet (attempt %d): %s", key[:12], attempts, "; ".join(errors))
+        return None
+
+    async def _verify(self, r: dict[str, Any], last_chance: bool = False) -> dict[str, Any] | None:
+        """The verdict dict, or None when the file or the weights could not be fetched this round.
+        Unavailable work is asked for again every `refetch_every` seconds; once its deadline is close
+        (`last_chance`) and neither the coordinator nor the node serves it, that is the verdict."""
         key = r["work_key"]
-        try:
-            data = await fetch_blob(self.net.node, self.coordinator_peer, key, max_bytes=self.cfg.max_rollout_bytes)
-        except P2PError as exc:
-            attempts = int(r["attempts"]) + 1
-            self.store.execute("UPDATE checks SET attempts = ? WHERE work_key = ?", (attempts, key))
-            log.warning("cannot fetch rollout %s yet (attempt %d): %s", key[:12], attempts, exc)
-            if attempts >= self.cfg.max_fetch_attempts:
-                # Data the coordinator recorded but will not serve: flagged, not slashed (the worker
-                # uploaded it; the fault may be the coordinator's).
-                self.store.execute("UPDATE checks SET status = 'unavailable' WHERE work_key = ?", (key,))
+        if not last_chance and time.monotonic() - self.last_fetch.get(key, -1e9) < self.cfg.refetch_every:
             return None
-        try:
-            f = RolloutFile.from_bytes(data, max_bytes=self.cfg.max_rollout_bytes)
-        except RolloutFormatError as exc:
-            return FileVerdict(Verdict(Reason.MALFORMED, str(exc)), []).to_dict()
-        if f.header.node.lower() != str(r["node"]).lower() or f.header.pool_id != self.cfg.pool_id:
-            return FileVerdict(Verdict(Reason.MALFORMED, "file header names another node or pool"), []).to_dict()
-        if f.header.model != self.cfg.model.split(":")[0] and f.header.model != self.cfg.model:
-            return FileVerdict(Verdict(Reason.MALFORMED, f"file claims model {f.header.model}"), []).to_dict()
-        tools = self.tools
+        self.last_fetch[key] = time.monotonic()
+        data = await self.fetch(r)
+        if data is None:
+            if not last_chance:
+                return None
+            detail = (
+                f"neither the coordinator nor node {r['node']} served the file after {int(r['attempts']) + 1} tries"
+            )
+            return FileVerdict(Verdict(Reason.UNAVAILABLE, detail), []).to_dict()
+        self.last_fetch.pop(key, None)
+        verdict = self.intake(data, r)
+        if verdict is not None:
+            return verdict.to_dict()
         prefill = await self.prefill_for(int(r["policy_version"]))
         if prefill is None:
             return None
-
-        def run() -> dict[str, Any]:
-            # one batched forward pass for the whole file (same math as one at a time, much faster)
-            pairs = [(list(s.prompt_tokens), list(s.completion_tokens)) for s in f.samples if s.completion_tokens]
-            done = {(tuple(p), tuple(c)): r for (p, c), r in zip(pairs, prefill.prefill_many(pairs), strict=True)}
-
-            def fn(prompt: list[int], completion: list[int]) -> Any:
-                p = done.get((tuple(prompt), tuple(completion))) or prefill.prefill(prompt, completion)
-                return p.hidden, p.logprobs
-
-            return verify_file(
-                f,
-                fn,
-                env=get_env(f.header.env) if f.header.env in ("math", "thinking-budget") else self.env,
-                encode_prompt=tools.encode,
-                decode=tools.decode,
-                stop_ids=tools.stop_ids,
-                calibrated=self.calibrated,
-                expected_policy=int(r["policy_version"]),
-            ).to_dict()
-
         started = time.monotonic()
-        verdict = await trio.to_thread.run_sync(run)
+        result = await trio.to_thread.run_sync(self.judge, data, r, prefill)
         log.info(
-            "checked %s (%d samples) in %.1f s: %s",
-            key[:12],
-            len(f.samples),
-            time.monotonic() - started,
-            "ok" if verdict["ok"] else verdict["verdict"]["reason"],
-        )
-        return verdict
+            "checked %s in %.1f s: %s", key[:12], time.monotonic() - started,
+            "ok" if result["ok"] else result["verdict"]["reason"],
+        )  # fmt: skip
+        return result
+
+    def intake(self, data: bytes, r: dict[str, Any]) -> FileVerdict | None:
+        """The checks that need no model (parse, header terms, bounds); a verdict if the file fails one."""
+        assert self.spec is not None and self.tools is not None
+        try:
+            f = RolloutFile.from_bytes(data, max_bytes=self.cfg.max_rollout_bytes)
+        except RolloutFormatError as exc:
+            return FileVerdict(Verdict(Reason.MALFORMED, str(exc)), [])
+        if f.header.node.lower() != str(r["node"]).lower():
+            return FileVerdict(Verdict(Reason.MALFORMED, f"file header names node {f.header.node}"), [])
+        spec = self.spec
+        problem = check_terms(
+            f.header, pool_id=self.cfg.pool_id, env=spec.env, model=spec.model, sampling=spec.sampling
+        ) or check_bounds(f, vocab_size=self.tools.vocab_size, max_tokens=spec.max_tokens)
+        if problem is not None:
+            reason = Reason.TOKEN_OUT_OF_VOCAB if problem.reason == "token-out-of-vocab" else Reason.MALFORMED
+            return FileVerdict(Verdict(reason, f"{problem.reason}: {problem.detail}"), [])
+        return None
+
+    def judge(self, data: bytes, r: dict[str, Any], prefill: Any) -> dict[str, Any]:
+        """The full check of a file that passed `intake` (blocking: prefill and checks; run in a thread)."""
+        assert self.spec is not None and self.tools is not None and self.calibrated is not None
+        tools, spec = self.tools, self.spec
+        f = RolloutFile.from_bytes(data, max_bytes=self.cfg.max_rollout_bytes)
+        # One batched forward pass for the samples that reach the prefill (same math as one at a time,
+        # much faster): the task's prompt and no more than max_tokens, so a hostile file cannot make us
+        # prefill a 32k-token prompt; `verify_file` refuses the others before any prefill.
+        env = get_env(spec.env)
+        prompts: dict[int, list[int]] = {}
+        pairs = []
+        for s in f.samples:
+            if s.group not in prompts:
+                prompts[s.group] = tools.encode(env.problem(f.header.task_seed, s.group).prompt)
+            if s.prompt_tokens == prompts[s.group] and len(s.completion_tokens) <= spec.max_tokens:
+                pairs.append((list(s.prompt_tokens), list(s.completion_tokens)))
+        done = {(tuple(p), tuple(c)): x for (p, c), x in zip(pairs, prefill.prefill_many(pairs), strict=True)}
+
+        def fn(prompt: list[int], completion: list[int]) -> Any:
+            p = done.get((tuple(prompt), tuple(completion))) or prefill.prefill(prompt, completion)
+            return p.hidden, p.logprobs
+
+        return verify_file(
+            f,
+            fn,
+            params=spec.sampling_params(),
+            env=env,
+            encode_prompt=tools.encode,
+            decode=tools.decode,
+            stop_ids=tools.stop_ids,
+            calibrated=self.calibrated,
+            vocab_size=tools.vocab_size,
+            expected_policy=int(r["policy_version"]),
+        ).to_dict()
+
+
+def _peer_is(addr: str, address: str) -> bool:
+    """Whether the multiaddr `addr` ends in the peer id of the key of Ethereum `address`."""
+    try:
+        return eth_address_from_peer_id(addr.rsplit("/p2p/", 1)[1]).lower() == address.lower()
+    except Exception:
+        return False

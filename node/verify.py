@@ -24,9 +24,11 @@ from .rollout.checks import (
     check_reward,
     check_sampling,
     check_termination,
+    sampling_distribution,
     temperature_test,
 )
 from .rollout.file import RolloutFile
+from .rollout.intake import implausible_repeats
 from .tasks.math import MathEnv
 from .toploc import ProofFormatError, Thresholds, verify_proofs
 
@@ -145,53 +147,76 @@ def toploc_verdict(
     return OK, figures
 
 
+def completion_logq(raw: torch.Tensor, tokens: list[int], params: SamplingParams) -> float | None:
+    """log q(completion) under the sampling distribution of `params` from raw log-softmax rows [T, V];
+    None for greedy decoding (identical completions are what it produces) or out-of-range ids."""
+    if params.temperature <= 0 or raw.shape[0] != len(tokens) or max(tokens) >= raw.shape[1] or min(tokens) < 0:
+        return None
+    logq = sampling_distribution(raw, params)
+    picked = logq.gather(1, torch.tensor(tokens, dtype=torch.long)[:, None]).squeeze(1)
+    return float(picked.sum()) if bool(torch.isfinite(picked).all()) else None
+
+
 def verify_file(
     f: RolloutFile,
     prefill: PrefillFn,
     *,
+    params: SamplingParams,
     env: MathEnv,
     encode_prompt: Callable[[str], list[int]],
     decode: Callable[[list[int]], str],
     stop_ids: set[int],
     calibrated: Calibrated,
+    vocab_size: int | None = None,
     expected_policy: int | None = None,
 ) -> FileVerdict:
     """Check every completion of a rollout file; the file fails on the first failing check of any
-    completion, or on the file-wide temperature test."""
-    s = f.header.sampling
-    try:
-        params = SamplingParams(
-            float(s["temperature"]), float(s.get("top_p", 1.0)), int(s.get("top_k", -1)), int(s["max_tokens"])
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        return FileVerdict(Verdict(Reason.MALFORMED, f"sampling parameters: {exc}"), [])
+    completion, on the file-wide temperature test, or on completions repeated more often than the
+    model's own probabilities allow (`node.rollout.intake.implausible_repeats`).
+
+    `params` are the task's sampling parameters (from the pool's spec), never the file header's; the
+    caller refuses a header that declares others (`node.rollout.intake.check_terms`). Token ids are
+    checked against `vocab_size` (default: the prefill's vocabulary) before the prefill runs."""
     if expected_policy is not None and f.header.policy_version != expected_policy:
         return FileVerdict(
             Verdict(Reason.MALFORMED, f"policy version {f.header.policy_version}, expected {expected_policy}"), []
         )
     results: list[SampleVerdict] = []
     stats: list[SamplingStats] = []
+    logps: list[float | None] = []
     first_bad: Verdict | None = None
     for smp in f.samples:
         problem = env.problem(f.header.task_seed, smp.group)
         verdict = OK
         chunks: list[dict[str, float]] = []
+        logp: float | None = None
         if smp.task_id != problem.task_id or smp.prompt_tokens != encode_prompt(problem.prompt):
             verdict = Verdict(Reason.PROMPT_MISMATCH, f"prompt of group {smp.group} is not the task's prompt")
         if verdict.ok:
             verdict = check_termination(smp.completion_tokens, smp.finish_reason, params.max_tokens, stop_ids)
+        if verdict.ok and vocab_size is not None and max(smp.completion_tokens) >= vocab_size:
+            verdict = Verdict(
+                Reason.TOKEN_OUT_OF_VOCAB, f"token id {max(smp.completion_tokens)} outside 0..{vocab_size - 1}"
+            )
         if verdict.ok:
             hidden, raw = prefill(smp.prompt_tokens, smp.completion_tokens)
             verdict, chunks = toploc_verdict(hidden, smp.proofs, calibrated.toploc)
             if verdict.ok:
+                # our own probability of the completion, whatever the worker reported: copies are judged
+                # by it even when their reported logprobs are lies (inflated to pass the coordinator)
+                logp = completion_logq(raw, smp.completion_tokens, params)
                 verdict, st = check_sampling(raw, smp.completion_tokens, smp.logprobs, params, calibrated.sampling)
                 stats.append(st)
         if verdict.ok:
             recomputed = env.reward(problem, decode(smp.completion_tokens), len(smp.completion_tokens))
             verdict = check_reward(smp.reward, recomputed)
         results.append(SampleVerdict(smp.group, smp.sample, verdict, chunks))
+        logps.append(logp)
         if not verdict.ok and first_bad is None:
             first_bad = verdict
+    repeat = implausible_repeats(f.samples, logps)
+    if repeat is not None:  # the file-level cheat is named first, whatever else its copies got wrong
+        first_bad = Verdict(Reason.DUPLICATE_SAMPLES, repeat.detail)
     if first_bad is None and params.temperature > 0:
         t = temperature_test(stats, calibrated.sampling)
         if not t.ok:

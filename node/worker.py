@@ -14,9 +14,10 @@ treats a repeat as a duplicate). Transactions go through the durable journal.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +28,13 @@ from . import ops, protocol
 from .chain import ChainClient, ChainError, Deployment
 from .chain.errors import RpcUnavailable
 from .chain.messages import tokens
-from .chain.signing import Invite
+from .chain.signing import Invite, RolloutClaim
 from .daemon import ModelTools, connect_chain, count, model_tools, open_pool_network, pool_peers, retry, retry_rpc
-from .p2p.blobs import upload_blob
-from .p2p.host import P2PError
+from .p2p.blobs import BlobStore, serve_blobs, upload_blob
+from .p2p.host import P2PError, Refused
 from .p2p.network import PoolNetwork
 from .policy import PolicyAnnouncement, PolicyBook
-from .rollout.file import RolloutFile, RolloutHeader, work_key
+from .rollout.file import MAX_FILE_BYTES, RolloutFile, RolloutHeader, work_key
 from .store import DISK_FULL_PREFIX, Store, settle_journal, write_file_when_room
 from .tasks.math import get_env
 
@@ -53,7 +54,9 @@ CREATE TABLE IF NOT EXISTS rollouts (
 CREATE TABLE IF NOT EXISTS claims (tx TEXT PRIMARY KEY, keys INTEGER NOT NULL, reward TEXT NOT NULL, at REAL NOT NULL);
 """
 
-CHEATS = ("model", "temperature")
+# Devnet adversaries: another model's weights; a hotter temperature than claimed; one completion per
+# prompt copied to fill the group (paid as many); TOPLOC proofs that crash the reference verifier.
+CHEATS = ("model", "temperature", "duplicate", "poison")
 
 
 @dataclass
@@ -77,6 +80,7 @@ class WorkerConfig:
     relay_port: int | None = None
     policy_wait: float = 300.0
     fresh_wait: float = 20.0
+    outage_max_delay: float = 60.0  # longest back-off between tries while the coordinator is down
 
 
 class PolicyUnavailable(Exception):
@@ -118,6 +122,7 @@ class Worker:
         self.book = PolicyBook()
         self.loaded_version = 0
         self.downloaded: dict[int, Path] = {}
+        self.phase_started_work = False  # set once joined: from then on the worker waits out outages
         self._downloading: set[int] = set()
         self._new_download = trio.Event()
         self.relay: Any = None
@@ -185,6 +190,8 @@ class Worker:
                     await self.connect_coordinator()
                     await self.ensure_member()
                     task_status.started()
+                    self.phase_started_work = True
+                    self._serve_files()
                     nursery.start_soon(self._heartbeat_loop)
                     nursery.start_soon(self._claim_loop)
                     await self.resume()
@@ -272,7 +279,22 @@ class Worker:
             ) from None
 
     async def _retry_p2p(self, fn: Callable[[], Awaitable[Any]], what: str) -> Any:
-        return await retry(fn, what, errors=(P2PError,), wait=self.cfg.connect_wait, delay=1.0, max_delay=15.0)
+        """Retry while the coordinator does not answer: `connect_wait` seconds while joining (a wrong
+        address should fail fast), for ever once working (an outage should not end a worker), with
+        back-off up to `outage_max_delay` and the reason in the status."""
+        working = self.phase_started_work
+        return await retry(
+            fn,
+            what,
+            errors=(P2PError,),
+            wait=math.inf if working else self.cfg.connect_wait,
+            delay=1.0,
+            max_delay=self.cfg.outage_max_delay if working else 15.0,
+            on_retry=self._outage if working else None,
+        )
+
+    def _outage(self, why: str) -> None:
+        self.phase, self.last_error = "waiting for the coordinator", why
 
     async def _request(self, proto: str, body: dict[str, Any], what: str, timeout: float = 30.0) -> dict[str, Any]:
         assert self.net is not None and self.coordinator_peer is not None
@@ -281,6 +303,8 @@ class Worker:
             data = await self._retry_p2p(lambda: node.request(peer, proto, protocol.pack(body), timeout=timeout), what)
         except P2PError as exc:
             raise ChainError(f"{what}: the coordinator did not answer: {exc}", "is it running?") from None
+        if self.last_error.startswith(f"{what} failed"):
+            self.last_error = ""
         return protocol.reply_body(data, what)
 
     async def ensure_member(self) -> None:
@@ -332,7 +356,13 @@ class Worker:
     async def work_loop(self) -> None:
         while self.cfg.steps <= 0 or self.accepted_count() < self.cfg.steps:
             self.phase = "requesting a task"
-            reply = await self._request(protocol.TASK_PROTOCOL, {}, "task request")
+            try:
+                reply = await self._request(protocol.TASK_PROTOCOL, {}, "task request")
+            except protocol.ProtocolError as exc:  # refused (not a member yet, say): ask again later
+                self.phase, self.last_error = "task refused; asking again in 30 s", str(exc)
+                log.warning("task request refused (asking again in 30 s): %s", exc)
+                await trio.sleep(30.0)
+                continue
             if "task" not in reply:  # the coordinator throttles generation to what its trainer can use
                 self.phase = str(reply.get("reason", "waiting for a task"))[:60]
                 await trio.sleep(min(30.0, max(0.5, float(reply.get("retry_after", 2.0)))))
@@ -368,8 +398,36 @@ class Worker:
         self.phase, self.last_error = "waiting for disk space", why
         log.error("%s", why)
 
+    def claim(self, key: str) -> RolloutClaim:
+        assert self.chain is not None
+        return RolloutClaim(key, self.cfg.pool_id, self.chain.deployment.chain_id, self.chain.contract("WorkLedger"))
+
+    def _serve_files(self) -> None:
+        """Serve our rollout files by hash, and their signatures, to the pool's validators and members:
+        a validator fetches from us when the coordinator does not serve a record's file, and work
+        nobody serves by its deadline is invalidated (we signed it, so we keep it)."""
+        assert self.net is not None
+        net = self.net
+        files = BlobStore(self.cfg.data_dir / "rollouts", MAX_FILE_BYTES, suffix=".parquet")
+
+        def allowed(sender: str) -> bool:
+            return net.membership().role(sender) is not None
+
+        serve_blobs(net.node, files, allow=allowed, accept_uploads=False)
+
+        async def on_signature(request: bytes, sender: str) -> bytes:
+            if not allowed(sender):
+                raise Refused("not a member of this pool")
+            key = protocol.unpack(request, "signature request").get("work_key")
+            if not isinstance(key, str) or self.store.one("SELECT 1 FROM rollouts WHERE work_key = ?", (key,)) is None:
+                return protocol.refuse(f"no rollout {key!r} here")
+            return protocol.ok(signature=self.claim(key).sign(self.node))
+
+        net.node.set_handler(protocol.SIGNATURE_PROTOCOL, on_signature)
+
     async def submit(self, key: str, task_id: str, data: bytes) -> None:
         assert self.net is not None and self.coordinator_peer is not None
+        signature = self.claim(key).sign(self.node)  # deterministic (RFC 6979): the same bytes after a restart
         self.phase = f"uploading {key[:12]}"
         node, peer = self.net.node, self.coordinator_peer
         try:  # as long as any other request waits for the coordinator (--connect-wait)
@@ -379,7 +437,10 @@ class Worker:
         self._count("rollouts_uploaded")
         try:
             reply = await self._request(
-                protocol.SUBMIT_PROTOCOL, {"work_key": key, "task_id": task_id}, "submission", timeout=60.0
+                protocol.SUBMIT_PROTOCOL,
+                {"work_key": key, "task_id": task_id, "signature": signature},
+                "submission",
+                timeout=60.0,
             )
         except protocol.ProtocolError as exc:
             self.store.execute(
@@ -392,7 +453,8 @@ class Worker:
         self._count("rollouts_accepted")
         log.info("rollout %s %s (%s units)", key[:12], reply.get("status"), reply.get("units", "?"))
         try:
-            await self.net.publish("rollout", protocol.pack({"work_key": key, "task_id": task_id}))
+            body = {"work_key": key, "task_id": task_id, "signature": signature, "addrs": self.net.listen_addrs[:4]}
+            await self.net.publish("rollout", protocol.pack(body))
         except Exception as exc:
             log.debug("announcement failed: %r", exc)
 
@@ -451,10 +513,21 @@ class Worker:
             extra={"task_id": task.task_id},
         )
 
+        cheat = self.cfg.cheat
+
         def work() -> bytes:
             prompts = [tools.encode(p.prompt) for p in problems]
-            groups = self.engine.generate(prompts, spec, n=task.group_size)
-            return build_rollout_file(header, problems, groups, env=env, decode=tools.decode).to_bytes()
+            if cheat == "duplicate":  # one draw per prompt, sent as the whole group, its logprobs inflated
+                groups = []  # (to 0, so the coordinator's cheap bound, which trusts them, sees nothing wrong)
+                for g in self.engine.generate(prompts, spec, n=1):
+                    g[0].logprobs = [0.0] * len(g[0].tokens)
+                    groups.append([g[0]] * task.group_size)
+            else:
+                groups = self.engine.generate(prompts, spec, n=task.group_size)
+            f = build_rollout_file(header, problems, groups, env=env, decode=tools.decode)
+            if cheat == "poison":  # modulus 0: the reference verifier dies of a division by zero on it
+                f = replace(f, samples=[replace(x, proofs=[bytes(258)] * len(x.proofs)) for x in f.samples])
+            return f.to_bytes()
 
         return await trio.to_thread.run_sync(work)
 

@@ -16,11 +16,12 @@ import functools
 import hashlib
 import json
 import logging
+import re
 import secrets
 import shutil
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from eth_account.signers.local import LocalAccount
 from node import ops, protocol
 from node.chain import ChainClient, ChainError, Deployment
 from node.chain.errors import RpcUnavailable
+from node.chain.signing import RolloutClaim
 from node.daemon import ModelTools, connect_chain, count, model_tools, retry_rpc
 from node.p2p.blobs import BlobStore, serve_blobs
 from node.p2p.envelope import Envelope
@@ -37,13 +39,17 @@ from node.p2p.membership import ChainMembership
 from node.p2p.network import PoolNetwork
 from node.policy import HISTORY, PolicyAnnouncement, RelayBook, announcement_sources, parse_heartbeat, relay_url
 from node.rollout.file import RolloutFile, RolloutFormatError
+from node.rollout.intake import completion_hashes
 from node.store import Store, settle_journal
 from node.tasks.math import get_env
+from node.taskspec import TaskSpec, TaskSpecError, pool_spec
 from node.toploc import proof_commitment
 from node.weights.client import make_http_client, probe_relay
 from node.weights.server import WeightStore, serve_weights
 
 log = logging.getLogger("intellect.coordinator")
+
+OUTSIDER_COOLDOWN = 10.0  # seconds between chain reads (and invites) for one sender that is no member
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -67,8 +73,16 @@ CREATE TABLE IF NOT EXISTS rollouts (
     status TEXT NOT NULL DEFAULT 'accepted',   -- accepted | recorded | dropped
     tx TEXT,
     note TEXT,
-    trained INTEGER NOT NULL DEFAULT 0         -- 0 not yet | 1 trained on | -1 too stale, never trained on
+    trained INTEGER NOT NULL DEFAULT 0,        -- 0 not yet | 1 trained on | -1 too stale, never trained on
+    signature TEXT                             -- the node's RolloutClaim signature of the work key
 );
+CREATE TABLE IF NOT EXISTS completions (       -- every accepted completion, to judge copies across files
+    prompt TEXT NOT NULL,                      -- sha256 of the prompt token ids
+    completion TEXT NOT NULL,                  -- sha256 of prompt and completion token ids
+    work_key TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS completions_prompt ON completions(prompt);
+CREATE INDEX IF NOT EXISTS completions_completion ON completions(completion);
 CREATE INDEX IF NOT EXISTS rollouts_status ON rollouts(status);
 CREATE TABLE IF NOT EXISTS rejections (
     at REAL NOT NULL, node TEXT NOT NULL, reason TEXT NOT NULL, detail TEXT NOT NULL
@@ -97,18 +111,20 @@ class CoordinatorConfig:
     rpc_url: str
     deployment: Deployment
     listen: str = "/ip4/127.0.0.1/tcp/0"
-    model: str = "tiny"
-    env: str = "math"
+    # The task terms: None takes the pool's task spec's; a value that disagrees with it refuses to start
+    # (validators check work against the spec, so tasks under other terms would all be invalidated).
+    model: str | None = None
+    env: str | None = None
     prompts: int = 4
-    group_size: int = 4
-    sampling: dict[str, Any] = field(default_factory=lambda: {"temperature": 1.0, "top_p": 1.0, "max_tokens": 64})
+    group_size: int | None = None
+    sampling: dict[str, Any] | None = None
     task_ttl: float = 900.0
     invite_ttl: int = 3600
     record_every: float = 2.0
     batch_size: int = 256
     eject_after: float = 600.0
     heartbeat_grace: float = 120.0
-    async_level: int = 2
+    async_level: int | None = None
     policy_version: int = 0
     max_rollout_bytes: int = 16 * 1024 * 1024
     rpc_wait: float = 60.0
@@ -120,6 +136,7 @@ class CoordinatorConfig:
     weights_rate: float | None = None
     keep_checkpoints: int = 4  # newest checkpoints always served
     keep_checkpoint_seconds: float = 6 * 3600.0  # and every version current within this long
+    orphan_after: float = 600.0  # an upload no accepted rollout names is deleted after this long
     seed: int | None = None  # fixed task seeds (reproducible experiments); None: unpredictable
 
 
@@ -129,8 +146,11 @@ class Coordinator:
         self.key = key
         self.metrics = metrics
         self.store = Store(cfg.data_dir / "coordinator.db", SCHEMA)
+        if "signature" not in {r[1] for r in self.store.query("PRAGMA table_info(rollouts)")}:  # an older state file
+            self.store.execute("ALTER TABLE rollouts ADD COLUMN signature TEXT")
         self.blobs = BlobStore(cfg.data_dir / "blobs", cfg.max_rollout_bytes)
-        self.env = get_env(cfg.env)
+        self.spec: TaskSpec | None = None
+        self.env: Any = get_env(cfg.env) if cfg.env else None
         self.tools: ModelTools | None = None
         self.chain: ChainClient | None = None
         self.membership: ChainMembership | None = None
@@ -145,6 +165,8 @@ class Coordinator:
         self.origin_url: str | None = None
         self.relays = RelayBook()
         self._announce_now = trio.Event()
+        self.outsiders: dict[str, float] = {}
+        self.invite_replies: dict[str, tuple[float, bytes]] = {}
 
     # ------------------------------------------------------------------ status
 
@@ -217,6 +239,7 @@ class Coordinator:
                     f"pool {cfg.pool_id} is {info['statusName']}, not active",
                     "start it with `intellect-node pool start`",
                 )
+            self.load_spec(await self.fetch_spec(info))
             self.tools = await trio.to_thread.run_sync(model_tools, cfg.model)
             cfg.policy_version = int(self.store.get("policy_version", "0") or 0)
             self.membership = ChainMembership(self.chain, cfg.pool_id, interval=1.0)
@@ -241,14 +264,16 @@ class Coordinator:
                     listen=cfg.listen,
                 )
                 async with self.net:
-                    serve_blobs(self.net.node, self.blobs, max_uploads=32)
+                    serve_blobs(self.net.node, self.blobs, max_uploads=32, allow=self.may_use_blobs)
                     self.net.node.set_handler(protocol.INVITE_PROTOCOL, self._on_invite)
                     self.net.node.set_handler(protocol.TASK_PROTOCOL, self._on_task)
                     self.net.node.set_handler(protocol.SUBMIT_PROTOCOL, self._on_submit, timeout=60.0)
+                    self.net.node.set_handler(protocol.SIGNATURE_PROTOCOL, self._on_signature)
                     nursery.start_soon(self._record_loop)
                     nursery.start_soon(self._heartbeat_loop)
                     nursery.start_soon(self._eject_loop)
                     nursery.start_soon(self._policy_loop)
+                    nursery.start_soon(self._orphan_loop)
                     if cfg.train:
                         nursery.start_soon(self._train_loop)
                         nursery.start_soon(self._relay_probe_loop)
@@ -261,9 +286,51 @@ class Coordinator:
                 await self.chain.aclose()
                 self.store.close()
 
+    async def fetch_spec(self, info: dict[str, Any]) -> TaskSpec:
+        try:
+            return await pool_spec(info)
+        except TaskSpecError as exc:
+            raise ChainError(exc.message, exc.hint or "serve the spec at the pool's spec URI") from None
+
+    def load_spec(self, spec: TaskSpec) -> None:
+        """Take the task terms from the pool's spec; a configured value that differs is an error."""
+        cfg = self.cfg
+        wanted = {
+            "model": (cfg.model, spec.model),
+            "env": (cfg.env, spec.env),
+            "group_size": (cfg.group_size, spec.group_size),
+            "async_level": (cfg.async_level, spec.async_level),
+        }
+        for k, v in (cfg.sampling or {}).items():
+            wanted[f"sampling.{k}"] = (v, spec.sampling.get(k))
+        wrong = [f"{k} {mine!r} (the spec says {theirs!r})" for k, (mine, theirs) in wanted.items()
+                 if mine is not None and mine != theirs]  # fmt: skip
+        if wrong:
+            raise ChainError(
+                f"pool {cfg.pool_id}'s task spec disagrees with this coordinator's settings: {', '.join(wrong)}",
+                "leave those options out (the spec's values are used), or create a pool with another spec",
+            )
+        cfg.model, cfg.env, cfg.group_size, cfg.async_level = spec.model, spec.env, spec.group_size, spec.async_level
+        cfg.sampling = dict(spec.sampling)
+        self.spec = spec
+        self.env = get_env(spec.env)
+
     # ------------------------------------------------------------------ request handlers
 
     async def _on_invite(self, request: bytes, sender: str) -> bytes:
+        """An invite (or the reason there is none). The one request outsiders may make, so its answer is
+        cached per sender for `OUTSIDER_COOLDOWN` seconds: asking again costs no chain read."""
+        now = time.monotonic()
+        cached = self.invite_replies.get(sender)
+        if cached is not None and now - cached[0] < OUTSIDER_COOLDOWN:
+            return cached[1]
+        if len(self.invite_replies) > 10_000:
+            self.invite_replies.clear()
+        reply = await self._invite_reply(sender)
+        self.invite_replies[sender] = (now, reply)
+        return reply
+
+    async def _invite_reply(self, sender: str) -> bytes:
         assert self.chain is not None
         c, pool = self.chain, self.cfg.pool_id
         try:
@@ -308,10 +375,26 @@ class Coordinator:
             return protocol.refuse("the coordinator cannot reach its chain node right now", "retry in a minute")
 
     async def _is_member(self, node: str) -> bool:
+        """From the membership snapshot; a sender not in it (maybe one that joined a second ago) costs
+        at most one chain read per `OUTSIDER_COOLDOWN` seconds, whatever it sends."""
         assert self.membership is not None and self.chain is not None
         if node in self.membership.snapshot().members:
             return True
-        return bool(await self.chain.call("PoolManager", "isMember", self.cfg.pool_id, node))
+        now = time.monotonic()
+        if now - self.outsiders.get(node, -1e9) < OUTSIDER_COOLDOWN:
+            return False
+        if len(self.outsiders) > 10_000:
+            self.outsiders.clear()
+        self.outsiders[node] = now
+        member = bool(await self.chain.call("PoolManager", "isMember", self.cfg.pool_id, node))
+        if member:
+            self.outsiders.pop(node, None)
+        return member
+
+    def may_use_blobs(self, sender: str) -> bool:
+        """Uploads and downloads: members (their own rollouts) and validators (to check them) only."""
+        assert self.membership is not None
+        return self.membership.snapshot().role(sender) is not None
 
     async def _on_task(self, request: bytes, sender: str) -> bytes:
         cfg = self.cfg
@@ -389,12 +472,49 @@ class Coordinator:
         log.info("rejected a rollout from %s: %s (%s)", sender, reason, detail)
         return protocol.refuse(f"rollout rejected: {reason}: {detail}")
 
+    def claim(self, key: str) -> RolloutClaim:
+        assert self.chain is not None
+        return RolloutClaim(key, self.cfg.pool_id, self.chain.deployment.chain_id, self.chain.contract("WorkLedger"))
+
+    async def _on_signature(self, request: bytes, sender: str) -> bytes:
+        """The node's signature of an accepted file, for validators (and members) only."""
+        assert self.membership is not None
+        if self.membership.snapshot().role(sender) is None:
+            return protocol.refuse("signatures are served to the pool's validators and members")
+        key = protocol.unpack(request, "signature request").get("work_key")
+        row = (
+            self.store.one("SELECT signature FROM rollouts WHERE work_key = ?", (key,))
+            if isinstance(key, str)
+            else None
+        )
+        if row is None or not row["signature"]:
+            return protocol.refuse(f"no signed rollout {key!r} here")
+        return protocol.ok(signature=row["signature"])
+
+    def _prior(self, f: RolloutFile) -> tuple[dict[Any, int], dict[Any, int]]:
+        """Draws of each of the file's prompts and copies of each of its completions in accepted files."""
+        draws: dict[Any, int] = {}
+        copies: dict[Any, int] = {}
+        for s in f.samples:
+            p, c = completion_hashes(s)
+            pk, ck = tuple(s.prompt_tokens), (tuple(s.prompt_tokens), tuple(s.completion_tokens))
+            if pk not in draws:
+                draws[pk] = int(self.store.scalar("SELECT COUNT(*) FROM completions WHERE prompt = ?", (p,)) or 0)
+            if ck not in copies:
+                copies[ck] = int(self.store.scalar("SELECT COUNT(*) FROM completions WHERE completion = ?", (c,)) or 0)
+        return draws, copies
+
     async def _on_submit(self, request: bytes, sender: str) -> bytes:
-        assert self.tools is not None
+        assert self.tools is not None and self.membership is not None
+        try:
+            if not await self._is_member(sender):
+                return protocol.refuse(f"node {sender} is not a member of pool {self.cfg.pool_id}")
+        except RpcUnavailable:
+            return protocol.refuse("the coordinator cannot reach its chain node right now", "retry in a minute")
         req = protocol.unpack(request, "submission")
-        key, task_id = req.get("work_key"), req.get("task_id")
-        if not isinstance(key, str) or not isinstance(task_id, str):
-            return protocol.refuse("malformed submission: work_key and task_id are required")
+        key, task_id, signature = req.get("work_key"), req.get("task_id"), req.get("signature")
+        if not isinstance(key, str) or not isinstance(task_id, str) or not re.fullmatch(r"0x[0-9a-f]{64}", key):
+            return protocol.refuse("malformed submission: work_key (0x + 64 lowercase hex) and task_id are required")
         done = self.store.one("SELECT status FROM rollouts WHERE work_key = ?", (key,))
         if done is not None:
             return protocol.ok(status="duplicate", work_key=key)
@@ -405,15 +525,21 @@ class Coordinator:
             return self._reject(sender, "task-superseded", f"task {task_id} was replaced after the policy moved on")
         if trow["status"] != "issued":
             return self._reject(sender, "task-done", f"task {task_id} already has rollout {trow['work_key']}")
+        if not self.claim(key).signed_by(signature, sender):
+            # Without it, a validator could never show the file is the node's: the node could deny it, or
+            # we could be accused of recording work it never made.
+            return self._reject(sender, "unsigned", "the submission carries no valid signature of the node's key")
         data = self.blobs.get(key)
         if data is None:
             return protocol.refuse(f"rollout {key} has not been uploaded", "upload it before submitting")
         try:
             f = RolloutFile.from_bytes(data, max_bytes=self.cfg.max_rollout_bytes)
         except RolloutFormatError as exc:
+            self.blobs.delete(key)
             return self._reject(sender, "malformed", str(exc))
         task = protocol.Task.from_wire(protocol.unpack(bytes.fromhex(trow["body"]), "task"))
         tools = self.tools
+        draws, copies = self._prior(f)
         decision = await trio.to_thread.run_sync(
             lambda: protocol.check_submission(
                 f,
@@ -425,9 +551,13 @@ class Coordinator:
                 env=self.env,
                 encode_prompt=tools.encode,
                 decode=tools.decode,
+                vocab_size=tools.vocab_size,
+                prior_draws=draws,
+                prior_copies=copies,
             )
         )
         if not decision.accepted:
+            self.blobs.delete(key)
             return self._reject(sender, decision.reason, decision.detail)
         commitment = "0x" + proof_commitment([p for s in f.samples for p in s.proofs]).hex()
         mean_reward = sum(s.reward for s in f.samples) / len(f.samples)
@@ -435,12 +565,17 @@ class Coordinator:
             [
                 (
                     "INSERT INTO rollouts(work_key, task_id, node, units, policy_version, proof_commitment, "
-                    "mean_reward, accepted_at) VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
-                    (key, task_id, sender, f.units, f.header.policy_version, commitment, mean_reward, time.time()),
+                    "mean_reward, accepted_at, signature) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (key, task_id, sender, f.units, f.header.policy_version, commitment, mean_reward, time.time(),
+                     signature),
                 ),
                 ("UPDATE tasks SET status = 'submitted', work_key = ? WHERE task_id = ?", (key, task_id)),
             ]
-        )
+            + [
+                ("INSERT INTO completions(prompt, completion, work_key) VALUES(?, ?, ?)", (*completion_hashes(s), key))
+                for s in f.samples
+            ]
+        )  # fmt: skip
         self._count("rollouts_accepted")
         self._count("tokens_generated", f.units)
         log.info("accepted rollout %s from %s: %d units, mean reward %.3f", key[:12], sender, f.units, mean_reward)
@@ -496,6 +631,23 @@ class Coordinator:
         self._count("chain_tx_sent", kind="recordWork")
         log.info("recorded %d rollouts on chain in %s", len(todo), tx)
         return len(todo)
+
+    async def _orphan_loop(self) -> None:
+        while True:
+            await trio.sleep(min(60.0, self.cfg.orphan_after / 4))
+            self.delete_orphans()
+
+    def delete_orphans(self) -> int:
+        """Delete blobs uploaded more than `orphan_after` seconds ago that no accepted rollout names: an
+        upload never submitted (or refused) cannot fill the disk."""
+        n = 0
+        for key in self.blobs.keys_older_than(self.cfg.orphan_after):
+            if self.store.one("SELECT 1 FROM rollouts WHERE work_key = ?", (key,)) is None:
+                self.blobs.delete(key)
+                n += 1
+        if n:
+            log.info("deleted %d uploaded blob(s) that were never accepted", n)
+        return n
 
     async def _heartbeat_loop(self) -> None:
         assert self.net is not None

@@ -107,3 +107,50 @@ class Invite:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed invite: {exc}") from None
+
+
+LEDGER_DOMAIN = ("IntellectWorkLedger", "1")
+
+
+@dataclass(frozen=True)
+class RolloutClaim:
+    """A node's statement "I made the rollout file with this work key for this pool", bound to one chain
+    and one work ledger. The node signs it when it builds the file; the coordinator checks it before it
+    accepts the file, and a validator checks it before it invalidates: a file without it was never
+    shown to be the node's, so nobody is slashed for it."""
+
+    work_key: str
+    pool_id: int
+    chain_id: int
+    ledger: str
+
+    def message(self) -> dict[str, Any]:
+        return {
+            "types": {
+                "Rollout": [
+                    {"name": "workKey", "type": "bytes32"},
+                    {"name": "poolId", "type": "uint256"},
+                ]
+            },
+            "primaryType": "Rollout",
+            "domain": _domain(LEDGER_DOMAIN, self.chain_id, self.ledger),
+            "message": {"workKey": bytes.fromhex(self.work_key.removeprefix("0x")), "poolId": self.pool_id},
+        }
+
+    def sign(self, node_key: LocalAccount) -> str:
+        sig = node_key.sign_message(encode_typed_data(full_message=self.message())).signature
+        return "0x" + bytes(sig).hex()
+
+    def signer(self, signature: Any) -> str | None:
+        """The address that signed, or None for anything that is not a well-formed signature."""
+        if not isinstance(signature, str) or len(signature) != 132 or not signature.startswith("0x"):
+            return None
+        try:
+            msg = encode_typed_data(full_message=self.message())
+            return str(Account.recover_message(msg, signature=signature))
+        except Exception:  # malformed bytes, s out of range, bad v: not a signature
+            return None
+
+    def signed_by(self, signature: Any, node: str) -> bool:
+        who = self.signer(signature)
+        return who is not None and who.lower() == node.lower()

@@ -502,6 +502,7 @@ class HfPrefill:
         self.model: Any = torch.nn.Module.to(model, self.device)
         self.model.eval()
         self.hidden_size = int(self.model.config.hidden_size)
+        self.vocab_size = int(self.model.config.vocab_size)
 
     @torch.inference_mode()
     def prefill(self, prompt_tokens: Sequence[int], completion_tokens: Sequence[int]) -> Prefill:
@@ -518,6 +519,8 @@ class HfPrefill:
         for p, c in items:
             if not p or not c:
                 raise ValueError("prefill needs a non-empty prompt and completion")
+            if min(min(p), min(c)) < 0 or max(max(p), max(c)) >= self.vocab_size:
+                raise ValueError(f"token ids outside the vocabulary [0, {self.vocab_size})")
         results: list[Prefill] = []
         pad_id = 0
         for start in range(0, len(items), batch_size):

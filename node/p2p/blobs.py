@@ -21,13 +21,14 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgpack
 
-from node.p2p.host import DEFAULT_MAX_RESPONSE, P2PError, P2PNode
+from node.p2p.host import DEFAULT_MAX_RESPONSE, P2PError, P2PNode, Refused
 from node.store import write_file
 
 logger = logging.getLogger(__name__)
@@ -56,15 +57,16 @@ def _digest_hex(key: str) -> str:
 class BlobStore:
     """Content-addressed files under ``root``, named by their sha256 hex; at most ``max_bytes`` each."""
 
-    def __init__(self, root: Path, max_bytes: int) -> None:
+    def __init__(self, root: Path, max_bytes: int, suffix: str = "") -> None:
         if max_bytes <= 0:
             raise ValueError("max_bytes must be positive")
         self.root = Path(root)
         self.max_bytes = max_bytes
+        self.suffix = suffix  # file names are <sha256 hex><suffix> (a worker's rollouts end in .parquet)
         self.root.mkdir(parents=True, exist_ok=True)
 
     def _path(self, key: str) -> Path:
-        return self.root / _digest_hex(key)
+        return self.root / (_digest_hex(key) + self.suffix)
 
     def put(self, data: bytes) -> str:
         """Store ``data`` (atomically: temp file + ``os.replace``) and return its ``0x`` key."""
@@ -97,6 +99,38 @@ class BlobStore:
         except ValueError:
             return False
 
+    def read(self, key: str, offset: int, size: int) -> tuple[int, bytes] | None:
+        """(the blob's total size, up to `size` bytes from `offset`), or None when absent; reads only
+        those bytes, so serving a blob chunk by chunk reads it once, not once per chunk."""
+        try:
+            path = self._path(key)
+        except ValueError:
+            return None
+        try:
+            with path.open("rb") as fh:
+                total = os.fstat(fh.fileno()).st_size
+                if offset < 0 or offset > total:
+                    raise ValueError("offset out of range")
+                fh.seek(offset)
+                return total, fh.read(size)
+        except FileNotFoundError:
+            return None
+
+    def delete(self, key: str) -> None:
+        with contextlib.suppress(ValueError, FileNotFoundError):
+            self._path(key).unlink()
+
+    def keys_older_than(self, age: float) -> list[str]:
+        """Keys of the blobs stored more than `age` seconds ago (by file time)."""
+        cutoff = time.time() - age
+        out = []
+        for p in self.root.iterdir():
+            if p.is_file() and p.name.endswith(self.suffix) and _KEY_RE.match(p.name.removesuffix(self.suffix)):
+                with contextlib.suppress(FileNotFoundError):
+                    if p.stat().st_mtime < cutoff:
+                        out.append("0x" + p.name.removesuffix(self.suffix))
+        return out
+
 
 @dataclass
 class _Upload:
@@ -110,9 +144,12 @@ class _Upload:
 class _UploadState:
     """In-progress uploads, keyed by (sender, digest); bounded in count and in bytes per sender."""
 
-    def __init__(self, store: BlobStore, max_uploads: int, max_sender_bytes: int, stale_after: float) -> None:
+    def __init__(
+        self, store: BlobStore, max_uploads: int, max_sender_bytes: int, stale_after: float, max_per_sender: int = 2
+    ) -> None:
         self.store = store
         self.max_uploads = max_uploads
+        self.max_per_sender = max_per_sender
         self.max_sender_bytes = max_sender_bytes
         self.stale_after = stale_after
         self.uploads: dict[tuple[str, str], _Upload] = {}
@@ -135,6 +172,8 @@ class _UploadState:
         self._evict_stale()
         if len(self.uploads) >= self.max_uploads:
             raise ValueError(f"too many concurrent uploads (limit {self.max_uploads})")
+        if sum(1 for s, _ in self.uploads if s == sender) >= self.max_per_sender:
+            raise ValueError(f"sender has {self.max_per_sender} uploads in progress already")
         pending = sum(u.total for (s, _), u in self.uploads.items() if s == sender)
         if pending + total > self.max_sender_bytes:
             raise ValueError(f"sender would exceed {self.max_sender_bytes} in-progress upload bytes")
@@ -188,32 +227,45 @@ def serve_blobs(
     *,
     chunk: int = DEFAULT_CHUNK,
     max_uploads: int = 8,
+    max_uploads_per_sender: int = 2,
     max_sender_bytes: int | None = None,
     stale_after: float = 120.0,
+    allow: Callable[[str], bool] | None = None,
+    accept_uploads: bool = True,
 ) -> None:
-    """Serve ``store`` on ``/intellect/blob/1`` and accept verified uploads on ``/intellect/upload/1``.
+    """Serve ``store`` on ``/intellect/blob/1`` and (with `accept_uploads`) accept verified uploads on
+    ``/intellect/upload/1``.
 
-    Uploads are bounded: at most ``max_uploads`` in progress, at most ``max_sender_bytes`` declared
-    bytes in progress per sender (default: twice the store's blob limit); idle ones expire after
-    ``stale_after`` seconds when room is needed."""
+    `allow(sender)` is asked first, before any byte is read from disk or written: a sender it refuses
+    gets a one-line refusal and costs nothing else (the coordinator passes its membership check).
+    Uploads are bounded: at most ``max_uploads`` in progress, ``max_uploads_per_sender`` per sender, at
+    most ``max_sender_bytes`` declared bytes in progress per sender (default: twice the store's blob
+    limit); idle ones expire after ``stale_after`` seconds when room is needed."""
     if chunk <= 0:
         raise ValueError("chunk must be positive")
-    uploads = _UploadState(store, max_uploads, max_sender_bytes or 2 * store.max_bytes, stale_after)
+    uploads = _UploadState(
+        store, max_uploads, max_sender_bytes or 2 * store.max_bytes, stale_after, max_uploads_per_sender
+    )
+
+    def check_sender(sender: str) -> None:
+        if allow is not None and not allow(sender):
+            raise Refused("not a member of this pool")
 
     async def on_blob(request: bytes, sender: str) -> bytes:
+        check_sender(sender)
         req = msgpack.unpackb(request, raw=False)
         if not (isinstance(req, list) and len(req) == 2 and isinstance(req[0], str) and type(req[1]) is int):
             raise ValueError("malformed blob request")
         key, offset = req
         _digest_hex(key)
-        data = store.get(key)
-        if data is None:
+        got = store.read(key, offset, chunk)
+        if got is None:
             raise KeyError("unknown blob")
-        if offset < 0 or offset > len(data):
-            raise ValueError("offset out of range")
-        return msgpack.packb([len(data), data[offset : offset + chunk]], use_bin_type=True)
+        total, piece = got
+        return msgpack.packb([total, piece], use_bin_type=True)
 
     async def on_upload(request: bytes, sender: str) -> bytes:
+        check_sender(sender)
         req = msgpack.unpackb(request, raw=False)
         if not (
             isinstance(req, list)
@@ -228,7 +280,8 @@ def serve_blobs(
         return msgpack.packb([received, done], use_bin_type=True)
 
     node.set_handler(BLOB_PROTOCOL, on_blob)
-    node.set_handler(UPLOAD_PROTOCOL, on_upload)
+    if accept_uploads:
+        node.set_handler(UPLOAD_PROTOCOL, on_upload)
 
 
 def _unpack_pair(body: bytes, what: str) -> list[Any]:

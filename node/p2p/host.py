@@ -227,6 +227,11 @@ def _address_from_id_bytes(id_bytes: bytes) -> str:
     return eth_keys_mod.PublicKey.from_compressed_bytes(pub.to_bytes()).to_checksum_address()
 
 
+class Refused(Exception):
+    """Raised by a request handler to turn a sender away (not a member, say): answered with a refusal,
+    logged at debug level only, so outsiders cannot fill the log."""
+
+
 def eth_address_from_peer_id(peer_id: ID | str) -> str:
     """Checksummed Ethereum address of the key embedded in a peer id (cached: called per message)."""
     pid = ID.from_base58(peer_id) if isinstance(peer_id, str) else peer_id
@@ -896,7 +901,13 @@ class P2PNode:
                         response = await handler(request, sender)
                         reply = bytes([_STATUS_OK]) + _frame(response)
                     except Exception as exc:  # an OSError is ours (a full disk, say), not the peer's fault
-                        level = logging.ERROR if isinstance(exc, OSError) else logging.INFO
+                        level = (
+                            logging.DEBUG  # an outsider turned away: not worth a log line each
+                            if isinstance(exc, Refused)
+                            else logging.ERROR
+                            if isinstance(exc, OSError)
+                            else logging.INFO
+                        )
                         logger.log(level, "handler %s failed for %s: %r", protocol_id, sender, exc)
                         reply = bytes([_STATUS_ERR]) + _frame(f"handler error: {type(exc).__name__}".encode())
                     await stream.write(reply)

@@ -33,7 +33,10 @@ class Reason(StrEnum):
     BAD_TERMINATION = "bad_termination"
     TOO_LONG = "too_long"
     REWARD_MISMATCH = "reward_mismatch"
+    DUPLICATE_SAMPLES = "duplicate_samples"
     MALFORMED = "malformed_rollout"
+    UNSIGNED = "not_signed_by_node"
+    UNAVAILABLE = "data_unavailable"
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,7 @@ class SamplingStats:
     surprisal_excess: float  # sum over tokens of (-log q(token) - H(q))
     variance: float  # sum over tokens of Var_q(-log q)
     tokens: int
+    logq: float = 0.0  # log q(completion): the summed log-probability of its tokens under the sampling distribution
 
 
 def sampling_distribution(raw_logprobs: torch.Tensor, p: SamplingParams) -> torch.Tensor:
@@ -208,7 +212,7 @@ def check_sampling(
     var = (second - entropy.square()).clamp_min(0.0)
     s = -logq.gather(1, tok[:, None]).squeeze(1)
     s = torch.where(torch.isfinite(s), s, entropy)  # tokens admitted only by the slack above
-    stats = SamplingStats(float((s - entropy).sum()), float(var.sum()), T)
+    stats = SamplingStats(float((s - entropy).sum()), float(var.sum()), T, -float(s.sum()))
     return Verdict(Reason.OK, figures={"logprob_max_abs_err": worst}), stats
 
 

@@ -23,6 +23,10 @@ CHUNK = 32
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_ROWS = 4096
 MAX_TOKENS = 32768
+# Decoded size bound, checked from the parquet footer before any column is read: plainly encoded pages
+# that zstd squeezed from gigabytes are refused here. Dictionary/RLE-encoded pages report their encoded
+# size, so what bounds memory in the end is MAX_ROWS x MAX_TOKENS.
+MAX_DECODED_BYTES = 256 * 1024 * 1024
 
 SCHEMA = pa.schema(
     [
@@ -116,6 +120,14 @@ class RolloutFile:
             pf = pq.ParquetFile(io.BytesIO(data))
             if pf.metadata.num_rows > MAX_ROWS:
                 raise RolloutFormatError(f"rollout file has {pf.metadata.num_rows} rows, the limit is {MAX_ROWS}")
+            md = pf.metadata
+            groups = [md.row_group(i) for i in range(md.num_row_groups)]
+            decoded = max(
+                sum(g.total_byte_size for g in groups),
+                sum(g.column(j).total_uncompressed_size for g in groups for j in range(g.num_columns)),
+            )
+            if decoded > MAX_DECODED_BYTES:
+                raise RolloutFormatError(f"rollout file decodes to {decoded} bytes, the limit is {MAX_DECODED_BYTES}")
             table = pf.read()
         except RolloutFormatError:
             raise

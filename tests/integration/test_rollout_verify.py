@@ -15,6 +15,7 @@ from node.rollout.checks import Reason
 from node.rollout.file import RolloutFile, RolloutHeader, RolloutSample
 from node.tasks.math import MathEnv
 from node.tasks.prompts import prompt_encoder, stop_ids
+from node.taskspec import TaskSpec
 from node.verify import Calibrated, verify_file
 
 SEED = 11
@@ -70,6 +71,8 @@ def verify(f, hf_prefill, tools):
     return verify_file(
         f,
         prefill,
+        params=TaskSpec(f.header.model, f.header.env, dict(f.header.sampling)).sampling_params(),
+        vocab_size=hf_prefill.vocab_size,
         env=tools["env"],
         encode_prompt=tools["encode"],
         decode=tools["decode"],

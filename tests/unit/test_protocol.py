@@ -98,6 +98,7 @@ def check(f: RolloutFile, task: Task | None = None, **over: Any) -> protocol.Dec
         "env": ENV,
         "encode_prompt": encode,
         "decode": decode,
+        "vocab_size": 512,
     }
     kw.update(over)
     return check_submission(f, task or make_task(), **kw)
@@ -156,6 +157,13 @@ def _reason(d: protocol.Decision) -> str:
         ("too-long", "too-long"),
         ("reward-lie", "wrong-reward"),
         ("reward-nan", "wrong-reward"),
+        ("extra-sampling-key", "wrong-sampling"),  # e.g. top_k=1: greedy decoding the task never asked for
+        ("token-past-vocab", "token-out-of-vocab"),
+        ("prompt-past-vocab", "token-out-of-vocab"),
+        ("logprob-nan", "bad-logprob"),
+        ("logprob-positive", "bad-logprob"),
+        ("copied-completion", "duplicate-samples"),
+        ("reward-inf", "wrong-reward"),
     ],
 )
 def test_each_violation_is_rejected_with_its_reason(case: str, reason: str) -> None:
@@ -208,9 +216,40 @@ def test_each_violation_is_rejected_with_its_reason(case: str, reason: str) -> N
         samples[3] = make_sample(1, 0, reward=1.0)
     elif case == "reward-nan":
         samples[3] = make_sample(1, 0, reward=float("nan"))
+    elif case == "extra-sampling-key":
+        header = make_header(sampling={"temperature": 1.0, "top_p": 1.0, "max_tokens": 16, "top_k": 1})
+    elif case == "token-past-vocab":
+        samples[2] = make_sample(0, 2, completion_tokens=[1, 512, 3])
+    elif case == "prompt-past-vocab":
+        samples[2] = make_sample(0, 2, prompt_tokens=[*encode(ENV.problem(SEED, 0).prompt)[:-1], 10**6])
+    elif case == "logprob-nan":
+        samples[2] = make_sample(0, 2, logprobs=[-0.1, float("nan"), -0.2])
+    elif case == "logprob-positive":
+        samples[2] = make_sample(0, 2, logprobs=[-0.1, 3.0, -0.2])
+    elif case == "copied-completion":  # one 12-token draw of probability e^-24 sent three times
+        copy = [5] * 12
+        samples[:3] = [make_sample(0, i, completion_tokens=copy, logprobs=[-2.0] * 12) for i in range(3)]
+    elif case == "reward-inf":
+        samples[3] = make_sample(1, 0, reward=float("inf"))
     else:  # pragma: no cover
         raise AssertionError(case)
     assert _reason(check(make_file(header, samples), task, **over)) == reason
+
+
+def test_confident_repeats_pass_and_copies_across_files_count() -> None:
+    """Honest low-entropy answers repeat: three copies of a 3-token answer of probability 0.22 each (the
+    file's default samples) pass. The same 12-token completion of probability e^-24 passes once, but a
+    second copy in a later file (the prior counts an earlier file contributed) is refused."""
+    assert check(make_file()).accepted
+    rare = [make_sample(0, 0, completion_tokens=[5] * 12, logprobs=[-2.0] * 12)]
+    rare += [make_sample(0, i, completion_tokens=[6, i], logprobs=[-1.0, -1.0]) for i in (1, 2)]
+    rare += [make_sample(1, i) for i in range(3)]
+    f = make_file(samples=rare)
+    assert check(f).accepted
+    s = rare[0]
+    prior_draws = {tuple(s.prompt_tokens): 3}
+    prior_copies = {(tuple(s.prompt_tokens), tuple(s.completion_tokens)): 1}
+    assert _reason(check(f, prior_draws=prior_draws, prior_copies=prior_copies)) == "duplicate-samples"
 
 
 def test_empty_file_is_rejected() -> None:

@@ -1,0 +1,153 @@
+"""The pool's task spec: the terms every task of the pool is generated and checked under.
+
+A pool's on-chain record holds a URI and the sha256 of a JSON document (model, environment, sampling
+parameters, group size, async level). It is the only source of these terms a validator may trust:
+the coordinator hands tasks out under them and the validator checks work against them, never against
+what a rollout file's header claims. `parse_spec` is pure; `fetch_spec` reads the bytes from a
+``file://`` or ``http(s)://`` URI, bounded in size and time, and checks them against the hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import httpx
+
+MAX_SPEC_BYTES = 64 * 1024
+ENVIRONMENTS = ("math", "thinking-budget")
+# the sampling keys a spec may set; any other key is refused (a key nobody checks is a key to lie with)
+SAMPLING_KEYS = {"temperature", "top_p", "top_k", "max_tokens"}
+
+
+class TaskSpecError(ValueError):
+    """The pool's task spec cannot be fetched, does not match its on-chain hash, or is malformed."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    model: str
+    env: str
+    sampling: dict[str, Any]
+    group_size: int = 4
+    async_level: int = 2
+    name: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def max_tokens(self) -> int:
+        return int(self.sampling["max_tokens"])
+
+    def sampling_params(self) -> Any:
+        from .rollout.checks import SamplingParams
+
+        s = self.sampling
+        return SamplingParams(
+            float(s["temperature"]), float(s.get("top_p", 1.0)), int(s.get("top_k", -1)), int(s["max_tokens"])
+        )
+
+
+def _number(v: Any, what: str, lo: float, hi: float, integer: bool = False) -> Any:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
+        raise TaskSpecError(f"task spec: {what} must be {'an integer' if integer else 'a number'}")
+    if not (math.isfinite(v) and lo <= v <= hi):
+        raise TaskSpecError(f"task spec: {what} = {v} outside {lo}..{hi}")
+    return v
+
+
+def parse_spec(data: bytes, expected_hash: str | None = None) -> TaskSpec:
+    """The spec in `data`, after checking its sha256 against `expected_hash` (0x-hex) when given."""
+    if len(data) > MAX_SPEC_BYTES:
+        raise TaskSpecError(f"task spec of {len(data)} bytes exceeds {MAX_SPEC_BYTES}")
+    if expected_hash is not None:
+        got = "0x" + hashlib.sha256(data).hexdigest()
+        if got.lower() != expected_hash.lower():
+            raise TaskSpecError(
+                f"task spec hash {got} does not match the pool's on-chain hash {expected_hash}",
+                "the file at the spec URI was changed after the pool was created",
+            )
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise TaskSpecError(f"task spec is not JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise TaskSpecError("task spec must be a JSON object")
+    model, env, sampling = obj.get("model"), obj.get("environment"), obj.get("sampling")
+    if not isinstance(model, str) or not model:
+        raise TaskSpecError("task spec: 'model' must be a non-empty string")
+    if env not in ENVIRONMENTS:
+        raise TaskSpecError(f"task spec: 'environment' must be one of {', '.join(ENVIRONMENTS)}, not {env!r}")
+    if not isinstance(sampling, dict):
+        raise TaskSpecError("task spec: 'sampling' must be an object")
+    unknown = set(sampling) - SAMPLING_KEYS
+    if unknown:
+        raise TaskSpecError(f"task spec: unknown sampling key(s) {sorted(unknown)}")
+    s: dict[str, Any] = {
+        "temperature": _number(sampling.get("temperature"), "sampling.temperature", 0.0, 100.0),
+        "max_tokens": _number(sampling.get("max_tokens"), "sampling.max_tokens", 1, 32768, integer=True),
+    }
+    if "top_p" in sampling:
+        s["top_p"] = _number(sampling["top_p"], "sampling.top_p", 1e-6, 1.0)
+    if "top_k" in sampling:
+        s["top_k"] = _number(sampling["top_k"], "sampling.top_k", -1, 1 << 20, integer=True)
+    group = _number(obj.get("group_size", 4), "group_size", 1, 64, integer=True)
+    level = _number(obj.get("async_level", 2), "async_level", 0, 1000, integer=True)
+    known = {"model", "environment", "sampling", "group_size", "async_level", "name"}
+    name = obj.get("name", "")
+    return TaskSpec(model, env, s, group, level, str(name), {k: v for k, v in obj.items() if k not in known})
+
+
+async def fetch_spec(uri: str, expected_hash: str, *, timeout: float = 15.0) -> TaskSpec:
+    """Fetch the spec at `uri` (``file://`` or ``http(s)://``) and check it against `expected_hash`."""
+    u = urlparse(uri)
+    if u.scheme == "file":
+        path = Path(unquote(u.path))
+        try:
+            with path.open("rb") as fh:
+                data = fh.read(MAX_SPEC_BYTES + 1)
+        except OSError as exc:
+            raise TaskSpecError(
+                f"cannot read the task spec {uri}: {exc.strerror or exc}", "is the URI right?"
+            ) from None
+    elif u.scheme in ("http", "https"):
+        try:
+            async with (
+                httpx.AsyncClient(timeout=timeout, follow_redirects=False) as client,
+                client.stream("GET", uri) as r,
+            ):
+                if r.status_code != 200:
+                    raise TaskSpecError(f"task spec {uri}: HTTP {r.status_code}")
+                buf = bytearray()
+                async for piece in r.aiter_bytes():
+                    buf += piece
+                    if len(buf) > MAX_SPEC_BYTES:
+                        break
+                data = bytes(buf)
+        except httpx.HTTPError as exc:
+            raise TaskSpecError(f"cannot fetch the task spec {uri}: {type(exc).__name__}: {exc}") from None
+    else:
+        raise TaskSpecError(f"task spec URI {uri!r}: only file:// and http(s):// are supported")
+    return parse_spec(data, expected_hash)
+
+
+async def pool_spec(info: dict[str, Any]) -> TaskSpec:
+    """The spec of a pool, from its on-chain record (`ops.pool_info`)."""
+    h = info["specHash"]
+    hex_hash = "0x" + (h.hex() if isinstance(h, (bytes, bytearray)) else str(h).removeprefix("0x"))
+    try:
+        return await fetch_spec(str(info["specURI"]), hex_hash)
+    except TaskSpecError as exc:
+        raise TaskSpecError(f"pool {info.get('poolId')}: {exc.message}", exc.hint or "ask the pool owner") from None
