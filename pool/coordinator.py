@@ -30,6 +30,7 @@ from eth_account.signers.local import LocalAccount
 
 from node import ops, protocol
 from node.chain import ChainClient, ChainError, Deployment
+from node.chain.abi import topic
 from node.chain.errors import RpcUnavailable
 from node.chain.signing import RolloutClaim
 from node.daemon import ModelTools, connect_chain, count, model_tools, retry_rpc
@@ -98,6 +99,9 @@ CREATE TABLE IF NOT EXISTS steps (
     manifest_hash TEXT NOT NULL,
     at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS invalidated (       -- WorkInvalidated events of this pool, with the node we accepted it from
+    work_key TEXT PRIMARY KEY, node TEXT, block INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS invites (
     node TEXT PRIMARY KEY, nonce TEXT NOT NULL, expiry INTEGER NOT NULL, signature TEXT NOT NULL
 );
@@ -136,6 +140,7 @@ class CoordinatorConfig:
     weights_rate: float | None = None
     keep_checkpoints: int = 4  # newest checkpoints always served
     keep_checkpoint_seconds: float = 6 * 3600.0  # and every version current within this long
+    blacklist_after: int = 0  # invalidated records after which a node gets no task and is blacklisted (0: never)
     orphan_after: float = 600.0  # an upload no accepted rollout names is deleted after this long
     seed: int | None = None  # fixed task seeds (reproducible experiments); None: unpredictable
 
@@ -403,6 +408,8 @@ class Coordinator:
                 return protocol.refuse(f"node {sender} is not a member of pool {cfg.pool_id}", "join the pool first")
         except RpcUnavailable:
             return protocol.refuse("the coordinator cannot reach its chain node right now", "retry in a minute")
+        if 0 < cfg.blacklist_after <= self.invalidations(sender):
+            return protocol.refuse(f"node {sender} had {self.invalidations(sender)} record(s) invalidated in this pool")
         now = time.time()
         row = self.store.one(
             "SELECT task_id, body FROM tasks WHERE node = ? AND status = 'issued' AND expires_at > ? "
@@ -587,11 +594,81 @@ class Coordinator:
         while True:
             await trio.sleep(self.cfg.record_every)
             try:
+                await self.follow_invalidations()
                 await self.record_pending()
                 self.last_error = ""
             except (ChainError, trio.TooSlowError) as exc:
                 self.last_error = str(exc)
                 log.warning("recording work failed (will retry): %s", exc)
+
+    def invalidations(self, node: str) -> int:
+        return int(self.store.scalar("SELECT COUNT(*) FROM invalidated WHERE node = ?", (node,)) or 0)
+
+    async def follow_invalidations(self) -> int:
+        """Read the pool's `WorkInvalidated` events: the node of each invalidated record (from our own
+        rows) has its untrained rollouts dropped, and after `blacklist_after` of them it gets no more tasks
+        and is blacklisted on chain. Returns how many new invalidations were read."""
+        assert self.chain is not None
+        c = self.chain
+        cursor = int(self.store.get("invalidation_cursor", str(c.deployment.block - 1)) or 0)
+        head = await retry_rpc(c.rpc.block_number, "block number")
+        if head <= cursor:
+            return 0
+        to = min(head, cursor + 10_000)  # bounded reads: a long outage is caught up in several rounds
+        events = await retry_rpc(
+            lambda: c.events(
+                ["WorkLedger"], from_block=cursor + 1, to_block=to, topics=[None, topic(self.cfg.pool_id)]
+            ),
+            "invalidation events",
+        )
+        stmts: list[tuple[str, tuple[Any, ...]]] = []
+        nodes: set[str] = set()
+        for ev in events:
+            if ev.name != "WorkInvalidated":
+                continue
+            key = (
+                "0x" + bytes(ev.args["workKey"]).hex()
+                if not isinstance(ev.args["workKey"], str)
+                else ev.args["workKey"]
+            )
+            row = self.store.one("SELECT node FROM rollouts WHERE work_key = ?", (key,))
+            node = row["node"] if row is not None else None
+            stmts.append(("INSERT OR IGNORE INTO invalidated(work_key, node, block) VALUES(?, ?, ?)",
+                          (key, node, ev.block_number)))  # fmt: skip
+            if node is not None:
+                nodes.add(node)
+                stmts.append(
+                    (
+                        "UPDATE rollouts SET trained = -1, note = 'node had work invalidated' "
+                        "WHERE node = ? AND trained = 0",
+                        (node,),
+                    )
+                )
+        stmts.append(
+            (
+                "INSERT INTO kv(k, v) VALUES('invalidation_cursor', ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v",
+                (str(to),),
+            )
+        )
+        self.store.execute_many(stmts)
+        for node in sorted(nodes):
+            n = self.invalidations(node)
+            log.warning("work of node %s was invalidated (%d so far): its untrained rollouts are dropped", node, n)
+            if 0 < self.cfg.blacklist_after <= n:
+                await self._blacklist(node)
+        return len(stmts) - 1
+
+    async def _blacklist(self, node: str) -> None:
+        assert self.chain is not None
+        try:
+            if not await self.chain.call("PoolManager", "isBlacklisted", self.cfg.pool_id, node):
+                await self.chain.transact(
+                    "PoolManager", "blacklistNode", self.cfg.pool_id, node, what=f"blacklist {node}"
+                )
+                self._count("chain_tx_sent", kind="blacklistNode")
+                log.warning("blacklisted node %s: %d invalidated record(s)", node, self.invalidations(node))
+        except ChainError as exc:
+            log.warning("blacklisting %s failed: %s", node, exc)
 
     async def record_pending(self) -> int:
         """Record up to one batch of accepted rollouts; returns how many were recorded now."""

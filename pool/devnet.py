@@ -55,8 +55,8 @@ def task_spec(model: str, env: str) -> dict[str, Any]:
         "name": "devnet-arithmetic",
         "model": model,
         "environment": env,
-        "sampling": {"temperature": 1.0, "top_p": 1.0, "max_tokens": 64},
-        "group_size": 4,
+        "sampling": {"temperature": 1.0, "top_p": 1.0, "max_tokens": DEVNET_MAX_TOKENS},
+        "group_size": 8,
         "async_level": 2,
     }
 
@@ -244,7 +244,7 @@ def make_procs(opts: DevnetOptions, url: str, roles: Roles, pool_id: int, coord_
         ["coordinator", "--pool", str(pool_id), "--listen", f"/ip4/127.0.0.1/tcp/{coord_port}",
          "--model", opts.model, "--env", opts.env, "--record-every", "2", "--eject-after", "900",
          "--weights", f"127.0.0.1:{free_port()}", "--train-files", str(opts.train_files),
-         "--train" if opts.train else "--no-train", "--group-size", "8", "--max-tokens", str(DEVNET_MAX_TOKENS),
+         "--train" if opts.train else "--no-train",
          "--lr", "3e-4" if opts.model.startswith("tiny") else "1e-5"]
         + (["--seed", str(opts.seed)] if opts.seed is not None else []),
         roles.coordinator,

@@ -4,6 +4,8 @@ chain snapshot reverted after every test so tests do not see each other's state.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import resource
 import signal
 from collections.abc import Iterator
@@ -34,6 +36,25 @@ def file_size_limit(limit: int) -> Iterator[None]:
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         signal.signal(signal.SIGXFSZ, handler)
+
+
+DEFAULT_SPEC = {
+    "name": "test",
+    "model": "tiny",
+    "environment": "math",
+    "sampling": {"temperature": 1.0, "top_p": 1.0, "max_tokens": 64},
+    "group_size": 4,
+    "async_level": 2,
+}
+
+
+def write_spec(folder: Path, **over: object) -> tuple[str, str]:
+    """A pool task spec file in `folder`: its file:// URI and sha256 (what a pool's record holds)."""
+    data = json.dumps({**DEFAULT_SPEC, **over}, sort_keys=True).encode()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "task-spec.json"
+    path.write_bytes(data)
+    return path.resolve().as_uri(), "0x" + hashlib.sha256(data).hexdigest()
 
 
 def rpc_sync(url: str, method: str, params: list[object] | None = None) -> object:

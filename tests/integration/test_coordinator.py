@@ -18,12 +18,13 @@ from node.p2p.network import PoolNetwork
 from node.p2p.rules import Membership
 from pool.coordinator import Coordinator, CoordinatorConfig
 from pool.deploy import TOKEN
-from tests.conftest import World, file_size_limit
+from tests.conftest import World, file_size_limit, write_spec
 
 
-async def _pool_with_two_members(chain: World) -> int:
+async def _pool_with_two_members(chain: World, folder: Path) -> int:
+    uri, digest = write_spec(folder)
     async with await chain.client(chain.admin) as admin, await chain.client(chain.provider) as prov:
-        spec = ops.PoolSpec(chain.coordinator.address, "file:///s", "0x" + "22" * 32, 10**15, 3600, TOKEN, TOKEN)
+        spec = ops.PoolSpec(chain.coordinator.address, uri, digest, 10**15, 3600, TOKEN, TOKEN)
         pid, _ = await ops.create_pool(admin, spec)
         await admin.transact("PoolManager", "startPool", pid)
         await ops.register_provider(prov, 100 * TOKEN)
@@ -48,7 +49,7 @@ def _coordinator(chain: World, pid: int, tmp_path: Path, **kw: Any) -> Coordinat
 
 
 async def test_silent_member_is_ejected_and_heartbeating_one_stays(chain: World, tmp_path: Path) -> None:
-    pid = await _pool_with_two_members(chain)
+    pid = await _pool_with_two_members(chain, tmp_path)
     coord = _coordinator(chain, pid, tmp_path, eject_after=6.0, heartbeat_grace=0.0)
     async with await chain.client(None) as reader, trio.open_nursery() as nursery:
         addrs = await nursery.start(coord.run)
@@ -80,7 +81,7 @@ async def test_an_open_task_is_reissued_until_the_policy_moves_past_it(chain: Wo
     """Asking again returns the same open task (no second seed to pick from) while its policy version is
     still usable; once the policy moved more than `async_level` versions on (the worker was down), the
     task is superseded by a fresh one and a late submission for it is refused with its own reason."""
-    pid = await _pool_with_two_members(chain)
+    pid = await _pool_with_two_members(chain, tmp_path)
     coord = _coordinator(chain, pid, tmp_path, async_level=2)
     async with trio.open_nursery() as nursery:
         addrs = await nursery.start(coord.run)
@@ -166,6 +167,7 @@ async def test_a_step_that_is_not_committed_is_trained_once(tmp_path: Path, vllm
         rpc_url="http://127.0.0.1:1",
         deployment=Deployment(chain_id=31337, contracts={}, block=0),
         model="tiny",
+        async_level=2,
         train_files=1,
     )
     coord = Coordinator(cfg, Account.create())

@@ -27,7 +27,7 @@ from node.chain.rpc import RpcClient
 from node.daemon import retry_rpc
 from node.p2p.host import identity_from_eth_key
 from pool.deploy import TOKEN
-from tests.conftest import World, rpc_sync
+from tests.conftest import World, rpc_sync, write_spec
 
 REPO = Path(__file__).resolve().parents[2]
 COORDINATOR_CMD = [sys.executable, "-m", "cli.main", "coordinator", "--metrics", ""]
@@ -41,12 +41,19 @@ def peer_id(acct: LocalAccount) -> str:
     return str(ID.from_pubkey(identity_from_eth_key(bytes(acct.key)).public_key))
 
 
-def make_pool(chain: World, *, start: bool = True, bootstrap: str = "", min_stake: int = 50 * TOKEN) -> int:
+def make_pool(
+    chain: World,
+    *,
+    start: bool = True,
+    bootstrap: str = "",
+    min_stake: int = 50 * TOKEN,
+    spec_dir: Path | None = None,
+) -> int:
+    uri, digest = write_spec(spec_dir) if spec_dir is not None else ("file:///s", "0x" + "11" * 32)
+
     async def go() -> int:
         async with await chain.client(chain.admin) as admin:
-            spec = ops.PoolSpec(
-                chain.coordinator.address, "file:///s", "0x" + "11" * 32, 10**15, 3600, 5 * TOKEN, min_stake, bootstrap
-            )
+            spec = ops.PoolSpec(chain.coordinator.address, uri, digest, 10**15, 3600, 5 * TOKEN, min_stake, bootstrap)
             pid, _ = await ops.create_pool(admin, spec)
             if start:
                 await admin.transact("PoolManager", "startPool", pid)
@@ -225,7 +232,7 @@ def test_join_refused_by_the_coordinator(chain: World, monkeypatch, capsys, tmp_
     blacklisted node: the worker exits with the coordinator's reason on one line."""
     port = free_port()
     addr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer_id(chain.coordinator)}"
-    pid = make_pool(chain, bootstrap=addr)
+    pid = make_pool(chain, bootstrap=addr, spec_dir=tmp_path / "spec")
 
     async def blacklist() -> None:
         async with await chain.client(chain.admin) as admin:

@@ -25,19 +25,21 @@ async def start(stack: AsyncExitStack, n: int) -> list[P2PNode]:
 
 
 class TamperingStore(BlobStore):
-    def get(self, key: str) -> bytes | None:
-        data = super().get(key)
-        if data is None:
-            return None
-        return data[:10] + bytes([data[10] ^ 0xFF]) + data[11:]
+    def read(self, key: str, offset: int, size: int) -> tuple[int, bytes] | None:
+        got = super().read(key, offset, size)
+        if got is None or offset > 10 or len(got[1]) <= 10 - offset:
+            return got
+        data = got[1]
+        i = 10 - offset
+        return got[0], data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1 :]
 
 
 class CountingStore(BlobStore):
-    gets = 0
+    gets = 0  # chunk reads; each reads only its own bytes
 
-    def get(self, key: str) -> bytes | None:
+    def read(self, key: str, offset: int, size: int) -> tuple[int, bytes] | None:
         self.gets += 1
-        return super().get(key)
+        return super().read(key, offset, size)
 
 
 def test_store_put_get_has(tmp_path: Path) -> None:
