@@ -344,6 +344,13 @@ def validate_command(
 @click.option(
     "--eject-after", type=float, default=600.0, show_default=True, help="Eject members silent this long (0: never)."
 )
+@click.option(
+    "--blacklist-after",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Blacklist a node (no more tasks) after this many of its records were invalidated (0: never).",
+)
 @click.option("--train/--no-train", default=False, show_default=True, help="Train the policy with GRPO.")
 @click.option("--train-files", type=int, default=2, show_default=True, help="Rollout files per policy step.")
 @click.option("--lr", type=float, default=2e-4, show_default=True, help="Learning rate (AdamW).")
@@ -382,6 +389,7 @@ def coordinator_command(
     temperature: float | None,
     record_every: float,
     eject_after: float,
+    blacklist_after: int,
     train: bool,
     train_files: int,
     lr: float,
@@ -416,6 +424,7 @@ def coordinator_command(
         sampling={k: v for k, v in (("temperature", temperature), ("max_tokens", max_tokens)) if v is not None} or None,
         record_every=record_every,
         eject_after=eject_after,
+        blacklist_after=blacklist_after,
         rpc_wait=rpc_wait,
         train=train,
         train_files=train_files,

@@ -880,12 +880,19 @@ class Coordinator:
         )
         if len(rows) < cfg.train_files:
             return False
-        keys = [r[0] for r in rows]
-        files = []
-        for k in keys:
+        keys, files = [], []
+        for k in (r[0] for r in rows):
             data = self.blobs.get(k)
-            if data is not None:
+            try:
+                if data is None:
+                    raise RolloutFormatError("its blob is gone")
                 files.append(RolloutFile.from_bytes(data, max_bytes=cfg.max_rollout_bytes))
+                keys.append(k)
+            except RolloutFormatError as exc:  # never retried for ever: dropped from training, once
+                log.error("rollout %s cannot be trained on (%s); dropped from training", k[:12], exc)
+                self.store.execute("UPDATE rollouts SET trained = -1, note = ? WHERE work_key = ?", (str(exc)[:200], k))
+        if len(files) < cfg.train_files:
+            return False
         new = v + 1
         if new in self.weights.versions():  # published by an attempt that died before its commit
             log.warning("dropping policy version %d, published but never committed by an earlier attempt", new)
