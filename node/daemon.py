@@ -15,6 +15,7 @@ import trio
 from eth_account.signers.local import LocalAccount
 
 from .chain import ChainClient, ChainError, Deployment
+from .chain.abi import topic
 from .chain.errors import RpcUnavailable
 from .chain.tx import TxJournal
 from .p2p.discovery import parse_bootstrap
@@ -83,6 +84,28 @@ async def retry(
 async def retry_rpc(fn: Callable[[], Awaitable[Any]], what: str, *, wait: float = 120.0) -> Any:
     """Run `fn`, retrying while the RPC endpoint is unreachable (mid-run outages), up to `wait` s."""
     return await retry(fn, what, errors=(RpcUnavailable,), wait=wait)
+
+
+Statement = tuple[str, tuple[Any, ...]]
+
+
+async def new_ledger_events(
+    c: ChainClient, store: Any, cursor_key: str, pool_id: int, name: str, *, max_blocks: int | None = None
+) -> tuple[list[Any], list[Statement]] | None:
+    """The pool's `WorkLedger` events called `name` after the durable block cursor `cursor_key` (up to
+    the head, or `max_blocks` past the cursor), and the statement that moves the cursor past them: the
+    caller commits it in the same transaction as what it makes of the events. None: nothing new."""
+    cursor = int(store.get(cursor_key, str(c.deployment.block - 1)) or 0)
+    head = await retry_rpc(c.rpc.block_number, "block number")
+    if head <= cursor:
+        return None
+    to = head if max_blocks is None else min(head, cursor + max_blocks)
+    events = await retry_rpc(
+        lambda: c.events(["WorkLedger"], from_block=cursor + 1, to_block=to, topics=[None, topic(pool_id)]),
+        f"{name} events",
+    )
+    move = ("INSERT INTO kv(k, v) VALUES(?, ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v", (cursor_key, str(to)))
+    return [ev for ev in events if ev.name == name], [move]
 
 
 def coordinator_addr(bootstrap: list[str], coordinator: str) -> str:

@@ -15,7 +15,7 @@ from .chain.abi import topic
 from .chain.client import ChainClient
 from .chain.errors import ChainError
 from .chain.messages import POOL_STATUS, RECORD_STATUS, tokens
-from .chain.signing import Invite, sign_node_binding
+from .chain.signing import Invite, RolloutClaim, sign_node_binding
 from .chain.tx import Receipt
 
 MAX_BATCH = 512
@@ -285,3 +285,8 @@ async def claim(c: ChainClient, pool_id: int, keys: Sequence[str] | None = None)
         total += sum(int(e.args["reward"]) for e in r.all("WorkClaimed"))
         receipts.append(r)
     return total, receipts
+
+
+def rollout_claim(c: ChainClient, pool_id: int, work_key: str) -> RolloutClaim:
+    """What a node signs for its rollout file `work_key` in `pool_id`, bound to this chain and ledger."""
+    return RolloutClaim(work_key, pool_id, c.deployment.chain_id, c.contract("WorkLedger"))

@@ -143,6 +143,11 @@ class Store:
         """Rows of `table` (one of this daemon's own tables) per `status`."""
         return {r[0]: int(r[1]) for r in self.query(f"SELECT status, COUNT(*) FROM {table} GROUP BY status")}
 
+    def add_column(self, table: str, column: str, decl: str) -> None:
+        """Add `column` to `table` if a state file written by an older version lacks it."""
+        if column not in {r[1] for r in self.query(f"PRAGMA table_info({table})")}:
+            self.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+
     def get(self, key: str, default: str | None = None) -> str | None:
         v = self.scalar("SELECT v FROM kv WHERE k = ?", (key,))
         return default if v is None else str(v)

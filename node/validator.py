@@ -30,10 +30,18 @@ from eth_account.signers.local import LocalAccount
 
 from . import ops, protocol
 from .chain import ChainClient, ChainError, Deployment
-from .chain.abi import topic
 from .chain.errors import RpcUnavailable
 from .chain.signing import RolloutClaim
-from .daemon import ModelTools, connect_chain, count, model_tools, open_pool_network, pool_peers, retry_rpc
+from .daemon import (
+    ModelTools,
+    connect_chain,
+    count,
+    model_tools,
+    new_ledger_events,
+    open_pool_network,
+    pool_peers,
+    retry_rpc,
+)
 from .p2p.blobs import fetch_blob
 from .p2p.host import P2PError, eth_address_from_peer_id
 from .p2p.network import PoolNetwork
@@ -95,8 +103,7 @@ class Validator:
         self.key = key
         self.metrics = metrics
         self.store = Store(cfg.data_dir / "validator.db", SCHEMA)
-        if "errors" not in {row[1] for row in self.store.query("PRAGMA table_info(checks)")}:  # an older state file
-            self.store.execute("ALTER TABLE checks ADD COLUMN errors INTEGER NOT NULL DEFAULT 0")
+        self.store.add_column("checks", "errors", "INTEGER NOT NULL DEFAULT 0")
         self.evidence_dir = cfg.data_dir / "evidence"
         self.evidence_dir.mkdir(parents=True, exist_ok=True)
         secret = self.store.get("sampling_secret")
@@ -216,21 +223,12 @@ class Validator:
     async def follow(self) -> int:
         """Read new `WorkRecorded` events into the `checks` table; returns how many were new."""
         assert self.chain is not None
-        c = self.chain
-        cursor = int(self.store.get("cursor", str(c.deployment.block - 1)) or 0)
-        head = await retry_rpc(c.rpc.block_number, "block number")
-        if head <= cursor:
+        got = await new_ledger_events(self.chain, self.store, "cursor", self.cfg.pool_id, "WorkRecorded")
+        if got is None:
             return 0
-        events = await retry_rpc(
-            lambda: c.events(
-                ["WorkLedger"], from_block=cursor + 1, to_block=head, topics=[None, topic(self.cfg.pool_id)]
-            ),
-            "work events",
-        )
+        events, move = got
         stmts: list[tuple[str, tuple[Any, ...]]] = []
         for ev in events:
-            if ev.name != "WorkRecorded":
-                continue
             a = ev.args
             stmts.append(
                 (
@@ -246,11 +244,8 @@ class Validator:
                     ),
                 )
             )
-        stmts.append(
-            ("INSERT INTO kv(k, v) VALUES('cursor', ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v", (str(head),))
-        )
-        self.store.execute_many(stmts)
-        return len(stmts) - 1
+        self.store.execute_many(stmts + move)
+        return len(stmts)
 
     async def check_open(self) -> None:
         rows = self.store.query(
@@ -369,7 +364,7 @@ class Validator:
 
     def claim(self, key: str) -> RolloutClaim:
         assert self.chain is not None
-        return RolloutClaim(key, self.cfg.pool_id, self.chain.deployment.chain_id, self.chain.contract("WorkLedger"))
+        return ops.rollout_claim(self.chain, self.cfg.pool_id, key)
 
     def _sources(self, node: str) -> list[str]:
         """Where a record's file and signature may be fetched: the coordinator, then the node itself at
@@ -506,22 +501,23 @@ class Validator:
             )
             return FileVerdict(Verdict(Reason.UNAVAILABLE, detail), []).to_dict()
         self.last_fetch.pop(key, None)
-        verdict = self.intake(data, r)
-        if verdict is not None:
-            return verdict.to_dict()
+        f = self.intake(data, r)
+        if isinstance(f, FileVerdict):
+            return f.to_dict()
         prefill = await self.prefill_for(int(r["policy_version"]))
         if prefill is None:
             return None
         started = time.monotonic()
-        result = await trio.to_thread.run_sync(self.judge, data, r, prefill)
+        result = await trio.to_thread.run_sync(self.judge, f, r, prefill)
         log.info(
             "checked %s in %.1f s: %s", key[:12], time.monotonic() - started,
             "ok" if result["ok"] else result["verdict"]["reason"],
         )  # fmt: skip
         return result
 
-    def intake(self, data: bytes, r: dict[str, Any]) -> FileVerdict | None:
-        """The checks that need no model (parse, header terms, bounds); a verdict if the file fails one."""
+    def intake(self, data: bytes, r: dict[str, Any]) -> RolloutFile | FileVerdict:
+        """The checks that need no model (parse, header terms, bounds): the parsed file, or the verdict
+        of the first check it fails."""
         assert self.spec is not None and self.tools is not None
         try:
             f = RolloutFile.from_bytes(data, max_bytes=self.cfg.max_rollout_bytes)
@@ -536,13 +532,12 @@ class Validator:
         if problem is not None:
             reason = Reason.TOKEN_OUT_OF_VOCAB if problem.reason == "token-out-of-vocab" else Reason.MALFORMED
             return FileVerdict(Verdict(reason, f"{problem.reason}: {problem.detail}"), [])
-        return None
+        return f
 
-    def judge(self, data: bytes, r: dict[str, Any], prefill: Any) -> dict[str, Any]:
+    def judge(self, f: RolloutFile, r: dict[str, Any], prefill: Any) -> dict[str, Any]:
         """The full check of a file that passed `intake` (blocking: prefill and checks; run in a thread)."""
         assert self.spec is not None and self.tools is not None and self.calibrated is not None
         tools, spec = self.tools, self.spec
-        f = RolloutFile.from_bytes(data, max_bytes=self.cfg.max_rollout_bytes)
         # One batched forward pass for the samples that reach the prefill (same math as one at a time,
         # much faster): the task's prompt and no more than max_tokens, so a hostile file cannot make us
         # prefill a 32k-token prompt; `verify_file` refuses the others before any prefill.

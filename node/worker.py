@@ -400,7 +400,7 @@ class Worker:
 
     def claim(self, key: str) -> RolloutClaim:
         assert self.chain is not None
-        return RolloutClaim(key, self.cfg.pool_id, self.chain.deployment.chain_id, self.chain.contract("WorkLedger"))
+        return ops.rollout_claim(self.chain, self.cfg.pool_id, key)
 
     def _serve_files(self) -> None:
         """Serve our rollout files by hash, and their signatures, to the pool's validators and members:

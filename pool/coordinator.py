@@ -30,10 +30,9 @@ from eth_account.signers.local import LocalAccount
 
 from node import ops, protocol
 from node.chain import ChainClient, ChainError, Deployment
-from node.chain.abi import topic
 from node.chain.errors import RpcUnavailable
 from node.chain.signing import RolloutClaim
-from node.daemon import ModelTools, connect_chain, count, model_tools, retry_rpc
+from node.daemon import ModelTools, connect_chain, count, model_tools, new_ledger_events, retry_rpc
 from node.p2p.blobs import BlobStore, serve_blobs
 from node.p2p.envelope import Envelope
 from node.p2p.membership import ChainMembership
@@ -151,8 +150,7 @@ class Coordinator:
         self.key = key
         self.metrics = metrics
         self.store = Store(cfg.data_dir / "coordinator.db", SCHEMA)
-        if "signature" not in {r[1] for r in self.store.query("PRAGMA table_info(rollouts)")}:  # an older state file
-            self.store.execute("ALTER TABLE rollouts ADD COLUMN signature TEXT")
+        self.store.add_column("rollouts", "signature", "TEXT")
         self.blobs = BlobStore(cfg.data_dir / "blobs", cfg.max_rollout_bytes)
         self.spec: TaskSpec | None = None
         self.env: Any = get_env(cfg.env) if cfg.env else None
@@ -481,7 +479,7 @@ class Coordinator:
 
     def claim(self, key: str) -> RolloutClaim:
         assert self.chain is not None
-        return RolloutClaim(key, self.cfg.pool_id, self.chain.deployment.chain_id, self.chain.contract("WorkLedger"))
+        return ops.rollout_claim(self.chain, self.cfg.pool_id, key)
 
     async def _on_signature(self, request: bytes, sender: str) -> bytes:
         """The node's signature of an accepted file, for validators (and members) only."""
@@ -609,28 +607,17 @@ class Coordinator:
         rows) has its untrained rollouts dropped, and after `blacklist_after` of them it gets no more tasks
         and is blacklisted on chain. Returns how many new invalidations were read."""
         assert self.chain is not None
-        c = self.chain
-        cursor = int(self.store.get("invalidation_cursor", str(c.deployment.block - 1)) or 0)
-        head = await retry_rpc(c.rpc.block_number, "block number")
-        if head <= cursor:
-            return 0
-        to = min(head, cursor + 10_000)  # bounded reads: a long outage is caught up in several rounds
-        events = await retry_rpc(
-            lambda: c.events(
-                ["WorkLedger"], from_block=cursor + 1, to_block=to, topics=[None, topic(self.cfg.pool_id)]
-            ),
-            "invalidation events",
+        # bounded reads: a long outage is caught up in several rounds
+        got = await new_ledger_events(
+            self.chain, self.store, "invalidation_cursor", self.cfg.pool_id, "WorkInvalidated", max_blocks=10_000
         )
+        if got is None:
+            return 0
+        events, move = got
         stmts: list[tuple[str, tuple[Any, ...]]] = []
         nodes: set[str] = set()
         for ev in events:
-            if ev.name != "WorkInvalidated":
-                continue
-            key = (
-                "0x" + bytes(ev.args["workKey"]).hex()
-                if not isinstance(ev.args["workKey"], str)
-                else ev.args["workKey"]
-            )
+            key = str(ev.args["workKey"])
             row = self.store.one("SELECT node FROM rollouts WHERE work_key = ?", (key,))
             node = row["node"] if row is not None else None
             stmts.append(("INSERT OR IGNORE INTO invalidated(work_key, node, block) VALUES(?, ?, ?)",
@@ -644,19 +631,13 @@ class Coordinator:
                         (node,),
                     )
                 )
-        stmts.append(
-            (
-                "INSERT INTO kv(k, v) VALUES('invalidation_cursor', ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v",
-                (str(to),),
-            )
-        )
-        self.store.execute_many(stmts)
+        self.store.execute_many(stmts + move)
         for node in sorted(nodes):
             n = self.invalidations(node)
             log.warning("work of node %s was invalidated (%d so far): its untrained rollouts are dropped", node, n)
             if 0 < self.cfg.blacklist_after <= n:
                 await self._blacklist(node)
-        return len(stmts) - 1
+        return len(events)
 
     async def _blacklist(self, node: str) -> None:
         assert self.chain is not None

@@ -25,6 +25,7 @@ from node.rollout.build import build_rollout_file
 from node.rollout.file import PROOF_BYTES, RolloutFile, RolloutHeader, chunks_for
 from node.tasks.math import MathEnv
 from node.validator import Validator, ValidatorConfig
+from node.verify import FileVerdict
 from tests.conftest import write_spec
 
 SEED = 21
@@ -65,8 +66,8 @@ def _row(v: Validator) -> dict[str, Any]:
 
 
 def _verdict(v: Validator, data: bytes, prefill: Any) -> dict[str, Any]:
-    early = v.intake(data, _row(v))
-    return early.to_dict() if early is not None else v.judge(data, _row(v), prefill)
+    f = v.intake(data, _row(v))
+    return f.to_dict() if isinstance(f, FileVerdict) else v.judge(f, _row(v), prefill)
 
 
 def _retyped(data: bytes) -> bytes:
