@@ -941,7 +941,7 @@ def rollout_verify(
     from node.tasks import get_env
     from node.tasks.prompts import prompt_encoder, stop_ids
     from node.taskspec import TaskSpec, parse_spec
-    from node.verify import Calibrated, verify_file
+    from node.verify import Calibrated, FileChecks, verify_file
 
     data = Path(file).read_bytes()
     try:
@@ -969,17 +969,16 @@ def rollout_verify(
         p = prefill.prefill(prompt, completion)
         return p.hidden, p.logprobs
 
-    v = verify_file(
-        f,
-        run_prefill,
-        params=params,
-        vocab_size=prefill.vocab_size,
-        env=env,
-        encode_prompt=prompt_encoder(tok),
-        decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
-        stop_ids=stop_ids(tok),
-        calibrated=cal,
+    checks = FileChecks(
+        params,
+        env,
+        prompt_encoder(tok),
+        lambda ids: tok.decode(ids, skip_special_tokens=True),
+        stop_ids(tok),
+        cal,
+        prefill.vocab_size,
     )
+    v = verify_file(f, run_prefill, checks)
     d = v.to_dict() | {"work_key": work_key(data), "units": f.units}
     line = f"{file}: {'valid' if v.ok else 'INVALID: ' + str(v.verdict.reason) + ' (' + v.verdict.detail + ')'}"
     output(Settings(None, "", None, as_json), d, line)

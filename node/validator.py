@@ -52,7 +52,7 @@ from .rollout.intake import check_bounds, check_terms
 from .store import DISK_FULL, Store, StoreError, settle_journal, write_file
 from .tasks.math import get_env
 from .taskspec import TaskSpec, TaskSpecError, pool_spec
-from .verify import Calibrated, FileVerdict, verify_file
+from .verify import Calibrated, FileVerdict, pool_checks, verify_file
 
 log = logging.getLogger("intellect.validator")
 
@@ -556,16 +556,7 @@ class Validator:
             return p.hidden, p.logprobs
 
         return verify_file(
-            f,
-            fn,
-            params=spec.sampling_params(),
-            env=env,
-            encode_prompt=tools.encode,
-            decode=tools.decode,
-            stop_ids=tools.stop_ids,
-            calibrated=self.calibrated,
-            vocab_size=tools.vocab_size,
-            expected_policy=int(r["policy_version"]),
+            f, fn, pool_checks(spec, tools, self.calibrated), expected_policy=int(r["policy_version"])
         ).to_dict()
 
 

@@ -27,9 +27,10 @@ from .rollout.checks import (
     sampling_distribution,
     temperature_test,
 )
-from .rollout.file import RolloutFile
+from .rollout.file import RolloutFile, RolloutSample
 from .rollout.intake import implausible_repeats
-from .tasks.math import MathEnv
+from .tasks.math import MathEnv, get_env
+from .taskspec import TaskSpec
 from .toploc import ProofFormatError, Thresholds, verify_proofs
 
 THRESHOLDS_DIR = Path(__file__).resolve().parent / "thresholds"
@@ -157,68 +158,113 @@ def completion_logq(raw: torch.Tensor, tokens: list[int], params: SamplingParams
     return float(picked.sum()) if bool(torch.isfinite(picked).all()) else None
 
 
+@dataclass(frozen=True)
+class SampleCheck:
+    """One completion's checks: its verdict, the TOPLOC figures, and what the file-wide checks need."""
+
+    verdict: SampleVerdict
+    stats: SamplingStats | None = None  # sampling sums for the temperature test (passing completions)
+    logq: float | None = None  # our log-probability of the completion (for the repeat bound)
+
+
+@dataclass(frozen=True)
+class FileChecks:
+    """Everything a rollout file is checked against: the task's sampling parameters (from the pool's
+    spec, never the file header's), its environment, the model's tokenizer and calibrated thresholds.
+
+    The checks come in three steps so that any forward pass can feed them (the validator's prefill,
+    or the trainer's old-log-prob pass, which already runs the generating version's weights over every
+    sample): `before_prefill` (no model), `after_prefill` (the final-norm hidden states and the raw
+    log-softmax rows that produced each completion token), and `conclude` (file-wide: repeats, the
+    temperature test). `verify_file` runs the three in order."""
+
+    params: SamplingParams
+    env: MathEnv
+    encode_prompt: Callable[[str], list[int]]
+    decode: Callable[[list[int]], str]
+    stop_ids: set[int]
+    calibrated: Calibrated
+    vocab_size: int | None = None
+
+    def before_prefill(self, smp: RolloutSample, task_seed: int) -> Verdict:
+        """Prompt, termination and token range: the checks that decide whether a prefill may run."""
+        problem = self.env.problem(task_seed, smp.group)
+        if smp.task_id != problem.task_id or smp.prompt_tokens != self.encode_prompt(problem.prompt):
+            return Verdict(Reason.PROMPT_MISMATCH, f"prompt of group {smp.group} is not the task's prompt")
+        verdict = check_termination(smp.completion_tokens, smp.finish_reason, self.params.max_tokens, self.stop_ids)
+        if verdict.ok and self.vocab_size is not None and max(smp.completion_tokens) >= self.vocab_size:
+            verdict = Verdict(
+                Reason.TOKEN_OUT_OF_VOCAB, f"token id {max(smp.completion_tokens)} outside 0..{self.vocab_size - 1}"
+            )
+        return verdict
+
+    def after_prefill(self, smp: RolloutSample, task_seed: int, hidden: torch.Tensor, raw: torch.Tensor) -> SampleCheck:
+        """TOPLOC, sampling and reward of a completion that passed `before_prefill`; `hidden` [T, H] and
+        `raw` [T, V] come from a forward pass of the generating policy over prompt + completion."""
+        verdict, chunks = toploc_verdict(hidden, smp.proofs, self.calibrated.toploc)
+        stats = logq = None
+        if verdict.ok:
+            # our own probability of the completion, whatever the worker reported: copies are judged
+            # by it even when their reported logprobs are lies (inflated to pass the coordinator)
+            logq = completion_logq(raw, smp.completion_tokens, self.params)
+            verdict, stats = check_sampling(
+                raw, smp.completion_tokens, smp.logprobs, self.params, self.calibrated.sampling
+            )
+        if verdict.ok:
+            problem = self.env.problem(task_seed, smp.group)
+            recomputed = self.env.reward(problem, self.decode(smp.completion_tokens), len(smp.completion_tokens))
+            verdict = check_reward(smp.reward, recomputed)
+        return SampleCheck(SampleVerdict(smp.group, smp.sample, verdict, chunks), stats, logq)
+
+    def conclude(self, samples: Sequence[RolloutSample], checks: Sequence[SampleCheck]) -> FileVerdict:
+        """The file's verdict from its completions' checks (in the same order as `samples`): the first
+        failing completion, else copies the model makes implausible, else the temperature test."""
+        first_bad = next((c.verdict.verdict for c in checks if not c.verdict.verdict.ok), None)
+        repeat = implausible_repeats(samples, [c.logq for c in checks])
+        if repeat is not None:  # the file-level cheat is named first, whatever else its copies got wrong
+            first_bad = Verdict(Reason.DUPLICATE_SAMPLES, repeat.detail)
+        if first_bad is None and self.params.temperature > 0:
+            t = temperature_test([c.stats for c in checks if c.stats is not None], self.calibrated.sampling)
+            if not t.ok:
+                first_bad = t
+        return FileVerdict(first_bad or OK, [c.verdict for c in checks])
+
+
 def verify_file(
-    f: RolloutFile,
-    prefill: PrefillFn,
-    *,
-    params: SamplingParams,
-    env: MathEnv,
-    encode_prompt: Callable[[str], list[int]],
-    decode: Callable[[list[int]], str],
-    stop_ids: set[int],
-    calibrated: Calibrated,
-    vocab_size: int | None = None,
-    expected_policy: int | None = None,
+    f: RolloutFile, prefill: PrefillFn, checks: FileChecks, *, expected_policy: int | None = None
 ) -> FileVerdict:
     """Check every completion of a rollout file; the file fails on the first failing check of any
     completion, on the file-wide temperature test, or on completions repeated more often than the
     model's own probabilities allow (`node.rollout.intake.implausible_repeats`).
 
-    `params` are the task's sampling parameters (from the pool's spec), never the file header's; the
-    caller refuses a header that declares others (`node.rollout.intake.check_terms`). Token ids are
-    checked against `vocab_size` (default: the prefill's vocabulary) before the prefill runs."""
+    `checks.params` are the task's sampling parameters (from the pool's spec), never the file header's;
+    the caller refuses a header that declares others (`node.rollout.intake.check_terms`). Token ids are
+    checked against `checks.vocab_size` before the prefill runs."""
     if expected_policy is not None and f.header.policy_version != expected_policy:
         return FileVerdict(
             Verdict(Reason.MALFORMED, f"policy version {f.header.policy_version}, expected {expected_policy}"), []
         )
-    results: list[SampleVerdict] = []
-    stats: list[SamplingStats] = []
-    logps: list[float | None] = []
-    first_bad: Verdict | None = None
+    fc = checks
+    seed = f.header.task_seed
+    checks: list[SampleCheck] = []
     for smp in f.samples:
-        problem = env.problem(f.header.task_seed, smp.group)
-        verdict = OK
-        chunks: list[dict[str, float]] = []
-        logp: float | None = None
-        if smp.task_id != problem.task_id or smp.prompt_tokens != encode_prompt(problem.prompt):
-            verdict = Verdict(Reason.PROMPT_MISMATCH, f"prompt of group {smp.group} is not the task's prompt")
+        verdict = fc.before_prefill(smp, seed)
         if verdict.ok:
-            verdict = check_termination(smp.completion_tokens, smp.finish_reason, params.max_tokens, stop_ids)
-        if verdict.ok and vocab_size is not None and max(smp.completion_tokens) >= vocab_size:
-            verdict = Verdict(
-                Reason.TOKEN_OUT_OF_VOCAB, f"token id {max(smp.completion_tokens)} outside 0..{vocab_size - 1}"
-            )
-        if verdict.ok:
-            hidden, raw = prefill(smp.prompt_tokens, smp.completion_tokens)
-            verdict, chunks = toploc_verdict(hidden, smp.proofs, calibrated.toploc)
-            if verdict.ok:
-                # our own probability of the completion, whatever the worker reported: copies are judged
-                # by it even when their reported logprobs are lies (inflated to pass the coordinator)
-                logp = completion_logq(raw, smp.completion_tokens, params)
-                verdict, st = check_sampling(raw, smp.completion_tokens, smp.logprobs, params, calibrated.sampling)
-                stats.append(st)
-        if verdict.ok:
-            recomputed = env.reward(problem, decode(smp.completion_tokens), len(smp.completion_tokens))
-            verdict = check_reward(smp.reward, recomputed)
-        results.append(SampleVerdict(smp.group, smp.sample, verdict, chunks))
-        logps.append(logp)
-        if not verdict.ok and first_bad is None:
-            first_bad = verdict
-    repeat = implausible_repeats(f.samples, logps)
-    if repeat is not None:  # the file-level cheat is named first, whatever else its copies got wrong
-        first_bad = Verdict(Reason.DUPLICATE_SAMPLES, repeat.detail)
-    if first_bad is None and params.temperature > 0:
-        t = temperature_test(stats, calibrated.sampling)
-        if not t.ok:
-            first_bad = t
-    return FileVerdict(first_bad or OK, results)
+            checks.append(fc.after_prefill(smp, seed, *prefill(smp.prompt_tokens, smp.completion_tokens)))
+        else:
+            checks.append(SampleCheck(SampleVerdict(smp.group, smp.sample, verdict)))
+    return fc.conclude(f.samples, checks)
+
+
+def pool_checks(spec: TaskSpec, tools: Any, calibrated: Calibrated) -> FileChecks:
+    """The checks of a pool's files: terms from its task spec, tokenizer functions and vocabulary from
+    `tools` (a `node.daemon.ModelTools` of the spec's model), thresholds from `calibrated`."""
+    return FileChecks(
+        spec.sampling_params(),
+        get_env(spec.env),
+        tools.encode,
+        tools.decode,
+        set(tools.stop_ids),
+        calibrated,
+        int(tools.vocab_size) or None,
+    )

@@ -29,14 +29,17 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from node.rollout.file import RolloutFile, RolloutSample
+
+if TYPE_CHECKING:
+    from node.verify import FileChecks
 
 WEIGHT_FILES = (
     "model.safetensors",
@@ -191,6 +194,12 @@ class StepStats:
     optimizer_steps: int
     seconds: float
     behaviour_fallback: int = 0  # samples whose old log-probs came from the current weights (version not kept)
+    verified: int = 0  # trained samples whose TOPLOC, sampling and reward checks passed in the old-log-prob pass
+    unverified_dropped: int = 0  # samples not trained because their version's weights were gone (checks on)
+    rejected_samples: int = 0  # samples not trained because their file failed the checks
+    verify_seconds: float = 0.0  # time spent in those checks (beyond the forward pass the step runs anyway)
+    # files that failed the checks: (index in the step's input, verdict as `FileVerdict.to_dict`)
+    rejected: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -202,6 +211,7 @@ class _Item:
     advantage: float
     temperature: float
     version: int = 0  # policy version that generated the sample
+    file: int = -1  # index of its rollout file in the step's input
 
 
 class Trainer:
@@ -214,6 +224,11 @@ class Trainer:
     `micro_batch_size`: samples per forward/backward (gradient accumulation inside a mini-batch).
     `eps`, `delta`, `kl_coef`, `entropy_coef`: passed to `grpo_loss` (a frozen copy of the initial
     weights is the KL reference when `kl_coef` > 0).
+    `checks`: the pool's `node.verify.FileChecks`. With them, the old-log-prob pass (the generating
+    version's weights over every sample) also captures the final-norm hidden states and runs the TOPLOC,
+    sampling and reward checks on them: only samples that were verified, from files that passed, are
+    trained on, and the failing files are listed in `StepStats.rejected`. Without them (synthetic data in
+    tests and benchmarks) every selected sample is trained on.
 
     Under `torch.distributed` (torchrun), the model is sharded with FSDP2 on `cuda:LOCAL_RANK`; every rank
     must call `step` with the same files (each trains on its slice of the samples) and `save` (a
@@ -238,6 +253,7 @@ class Trainer:
         delta: float = 4.0,
         kl_coef: float = 0.0,
         entropy_coef: float = 0.0,
+        checks: FileChecks | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -245,6 +261,7 @@ class Trainer:
             raise ValueError("async_level >= 0, mini_batches >= 1 and micro_batch_size >= 1 are required")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         self.model_dir = Path(model_dir)
+        self.checks = checks
         self.async_level = async_level
         self.max_grad_norm = max_grad_norm
         self.mini_batches = mini_batches
@@ -326,6 +343,7 @@ class Trainer:
         samples: list[RolloutSample] = []
         temps: list[float] = []
         versions: list[int] = []
+        file_of: list[int] = []
         group_ids: list[int] = []
         keys: dict[tuple[int, int], int] = {}
         for fi, f in enumerate(files):
@@ -340,6 +358,7 @@ class Trainer:
                 samples.append(s)
                 temps.append(temp)
                 versions.append(v)
+                file_of.append(fi)
                 group_ids.append(keys.setdefault((fi, s.group), len(keys)))
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float64)
         info["rewards"] = rewards.tolist()
@@ -347,8 +366,8 @@ class Trainer:
             return [], info
         adv = group_advantages(rewards, torch.tensor(group_ids))
         items = [
-            _Item(s, float(a), t, v)
-            for s, a, t, v in zip(samples, adv.tolist(), temps, versions, strict=True)
+            _Item(s, float(a), t, v, fi)
+            for s, a, t, v, fi in zip(samples, adv.tolist(), temps, versions, file_of, strict=True)
             if a != 0.0
         ]
         info["zero_adv_dropped"] = len(samples) - len(items)
@@ -410,20 +429,41 @@ class Trainer:
         rewards: list[float] = info["rewards"]
         # this rank's share of the samples (all ranks computed the same selection from the same files)
         mine = items[self.rank :: self.world]
-        my_tokens = sum(len(it.sample.completion_tokens) for it in mine)
 
-        # old log-probs: the current weights for this version's samples, the kept weights of older ones
+        # old log-probs: the current weights for this version's samples, the kept weights of older ones.
+        # With `checks`, the same forward passes verify every sample before it is trained on.
         self._snapshot(current_version)
-        old: list[Tensor] = []
-        ref: list[Tensor | None] = []
-        micro = [mine[i : i + self.micro_batch_size] for i in range(0, len(mine), self.micro_batch_size)]
-        n_micro_max = int(self._all_reduce([float(len(micro))], "max")[0])
+        verifying = self.checks is not None
+        t_verify = 0.0
+        sample_checks: dict[int, Any] = {}  # index in `mine` -> SampleCheck
+        forward = list(range(len(mine)))
+        if verifying:
+            t = time.perf_counter()
+            forward = []
+            for i, it in enumerate(mine):
+                verdict = self.checks.before_prefill(it.sample, files[it.file].header.task_seed)
+                if verdict.ok:
+                    forward.append(i)
+                else:
+                    sample_checks[i] = _failed_check(it.sample, verdict)
+            t_verify += time.perf_counter() - t
+        old_of: dict[int, Tensor] = {}
+        ref_of: dict[int, Tensor] = {}
         fallback = 0
+        micro = self._micro([mine[i] for i in forward])
+        index = [forward[k : k + self.micro_batch_size] for k in range(0, len(forward), self.micro_batch_size)]
+        n_micro_max = int(self._all_reduce([float(len(micro))], "max")[0])
         with torch.no_grad():
-            for mb in self._padded(micro, n_micro_max):
+            for j, mb in enumerate(self._padded(micro, n_micro_max)):
                 batch = self._batch(mb)
-                old.append(self._token_logprobs(self.model, batch)[0])
-                ref.append(self._token_logprobs(self.ref_model, batch)[0] if self.ref_model is not None else None)
+                tok, logits, hidden = self._forward(self.model, batch, capture=verifying)
+                ref_tok = self._token_logprobs(self.ref_model, batch)[0] if self.ref_model is not None else None
+                for r, i in enumerate(index[j] if j < len(index) else []):
+                    old_of[i] = self._completion_rows(tok, r, mine[i])
+                    if ref_tok is not None:
+                        ref_of[i] = self._completion_rows(ref_tok, r, mine[i])
+                    if verifying and mine[i].version == current_version:
+                        t_verify += self._verify_row(sample_checks, i, mine[i], files, logits, hidden, r)
             # same order of forwards on every rank (FSDP collectives): versions from the shared selection
             for v in sorted({it.version for it in items if it.version != current_version}):
                 if v not in self._history:
@@ -431,12 +471,48 @@ class Trainer:
                     continue
                 behaviour = self._behaviour_model(v)
                 for j, mb in enumerate(self._padded(micro, n_micro_max)):
-                    rows = [i for i, it in enumerate(mb) if it.version == v] if j < len(micro) else []
+                    rows = [(r, i) for r, i in enumerate(index[j]) if mine[i].version == v] if j < len(index) else []
                     if not rows and not self.distributed:
                         continue
-                    lp = self._token_logprobs(behaviour, self._batch(mb))[0]
-                    for i in rows:
-                        old[j][i] = lp[i]
+                    tok, logits, hidden = self._forward(behaviour, self._batch(mb), capture=verifying)
+                    for r, i in rows:
+                        old_of[i] = self._completion_rows(tok, r, mine[i])
+                        if verifying:
+                            t_verify += self._verify_row(sample_checks, i, mine[i], files, logits, hidden, r)
+
+        # only verified samples of files that passed are trained on (with `checks`)
+        rejected: list[tuple[int, dict[str, Any]]] = []
+        unverified = 0
+        keep = list(range(len(mine)))
+        if verifying:
+            t = time.perf_counter()
+            by_file: dict[int, list[int]] = {}
+            for i in sorted(sample_checks):
+                by_file.setdefault(mine[i].file, []).append(i)
+            bad_flags = [0.0] * len(files)
+            for fi, rows in by_file.items():
+                fv = self.checks.conclude([mine[i].sample for i in rows], [sample_checks[i] for i in rows])
+                if not fv.ok:
+                    bad_flags[fi] = 1.0
+                    rejected.append((fi, fv.to_dict()))
+            bad = {fi for fi, b in enumerate(self._all_reduce(bad_flags, "max")) if b > 0}
+            unverified = sum(1 for i in range(len(mine)) if i not in sample_checks)
+            keep = [i for i in range(len(mine)) if i in sample_checks and mine[i].file not in bad]
+            t_verify += time.perf_counter() - t
+        rejected_samples = sum(1 for i in range(len(mine)) if i in sample_checks) - len(keep)
+        kept = [mine[i] for i in keep]
+        my_tokens = sum(len(it.sample.completion_tokens) for it in kept)
+        micro = self._micro(kept)
+        kept_index = [keep[k : k + self.micro_batch_size] for k in range(0, len(keep), self.micro_batch_size)]
+        n_micro_max = int(self._all_reduce([float(len(micro))], "max")[0])
+        old: list[Tensor] = []
+        ref: list[Tensor | None] = []
+        for j, mb in enumerate(self._padded(micro, n_micro_max)):
+            rows = kept_index[j] if j < len(kept_index) else []
+            width = max(len(it.sample.prompt_tokens) + len(it.sample.completion_tokens) - 1 for it in mb)
+            old.append(self._place(mb, [old_of[i] for i in rows], width))
+            ref.append(self._place(mb, [ref_of[i] for i in rows], width) if self.ref_model is not None else None)
+        total_items = int(self._all_reduce([float(len(kept))])[0])
 
         losses: list[float] = []
         norms: list[float] = []
@@ -446,7 +522,6 @@ class Trainer:
         n_mini = min(self.mini_batches, max(1, n_micro_max))
         bounds = [round(k * n_micro_max / n_mini) for k in range(n_mini + 1)]
         padded = self._padded(micro, n_micro_max)
-        total_items = len(items)
         for k in range(n_mini):
             lo, hi = bounds[k], bounds[k + 1]
             if total_items == 0 or hi <= lo:
@@ -491,7 +566,13 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
 
-        red = self._all_reduce([sums["clip_frac"], sums["ratio_mean"], sums["approx_kl"], tok_total, float(my_tokens)])
+        n_verified = len(kept) if verifying else 0
+        red = self._all_reduce(
+            [
+                sums["clip_frac"], sums["ratio_mean"], sums["approx_kl"], tok_total, float(my_tokens),
+                float(n_verified), float(unverified), float(rejected_samples),
+            ]
+        )  # fmt: skip
         tok_all = max(red[3], 1.0)
         return StepStats(
             version=current_version,
@@ -500,7 +581,7 @@ class Trainer:
             stale_samples=info["stale_samples"],
             samples_seen=len(rewards),
             zero_adv_dropped=int(info.get("zero_adv_dropped", 0)),
-            samples_trained=len(items),
+            samples_trained=total_items,
             tokens=int(red[4]),
             mean_reward=float(sum(rewards) / len(rewards)) if rewards else math.nan,
             loss=float(sum(losses) / len(losses)) if losses else 0.0,
@@ -511,7 +592,63 @@ class Trainer:
             optimizer_steps=len(norms),
             behaviour_fallback=fallback,
             seconds=time.perf_counter() - t0,
+            verified=int(red[5]),
+            unverified_dropped=int(red[6]),
+            rejected_samples=int(red[7]),
+            verify_seconds=t_verify,
+            rejected=rejected,
         )
+
+    def _micro(self, items: list[_Item]) -> list[list[_Item]]:
+        return [items[i : i + self.micro_batch_size] for i in range(0, len(items), self.micro_batch_size)]
+
+    def _forward(self, model: Any, batch: dict[str, Tensor], capture: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+        """`_token_logprobs` that also returns the raw logits [B, T, V] and, with `capture`, the final-norm
+        hidden states [B, T, H] of the same forward pass (a hook on the decoder's last norm: the states
+        TOPLOC commits to, whatever wraps the model)."""
+        got: list[Tensor] = []
+        handle = _final_norm(model).register_forward_hook(lambda _m, _i, out: got.append(out)) if capture else None
+        try:
+            logits = model(input_ids=batch["ids"], attention_mask=batch["attn"]).logits.float()
+        finally:
+            if handle is not None:
+                handle.remove()
+        logp = torch.log_softmax(logits / batch["temps"], dim=-1)
+        tok = logp.gather(-1, batch["targets"].unsqueeze(-1)).squeeze(-1)
+        return tok, logits, (got[-1] if got else None)
+
+    @staticmethod
+    def _completion_rows(t: Tensor, row: int, it: _Item) -> Tensor:
+        """Row `row` of a [B, T, ...] tensor at the positions that produced `it`'s completion tokens."""
+        p = len(it.sample.prompt_tokens)
+        return t[row, p - 1 : p - 1 + len(it.sample.completion_tokens)]
+
+    def _verify_row(
+        self,
+        out: dict[int, Any],
+        i: int,
+        it: _Item,
+        files: Sequence[RolloutFile],
+        logits: Tensor,
+        hidden: Any,
+        row: int,
+    ) -> float:
+        """TOPLOC, sampling and reward checks of one sample from its rows of the forward pass; the seconds spent."""
+        t = time.perf_counter()
+        assert self.checks is not None and hidden is not None
+        h = self._completion_rows(hidden, row, it).detach().to("cpu", torch.float32)
+        raw = torch.log_softmax(self._completion_rows(logits, row, it).detach().to("cpu", torch.float32), dim=-1)
+        out[i] = self.checks.after_prefill(it.sample, files[it.file].header.task_seed, h, raw)
+        return time.perf_counter() - t
+
+    def _place(self, mb: list[_Item], rows: list[Tensor], width: int) -> Tensor:
+        """Per-sample completion rows laid out as a [B, width] batch like `_batch(mb)`'s targets (zeros
+        elsewhere, and for padding samples without rows)."""
+        out = torch.zeros((len(mb), width), dtype=torch.float32, device=self.device)
+        for b, (it, r) in enumerate(zip(mb, rows, strict=False)):
+            p = len(it.sample.prompt_tokens)
+            out[b, p - 1 : p - 1 + r.shape[0]] = r
+        return out
 
     def _padded(self, micro: list[list[_Item]], n: int) -> list[list[_Item]]:
         """`micro` extended to n micro-batches (FSDP ranks must run the same number of forward passes);
@@ -635,6 +772,21 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr
         return True
+
+
+def _final_norm(model: Any) -> Any:
+    """The norm after the last decoder layer (Llama, Qwen, SmolLM, Mistral: `model.model.norm`)."""
+    inner = getattr(model, "model", None)
+    norm = getattr(inner, "norm", None)
+    if norm is None:
+        raise ValueError(f"{type(model).__name__} has no final norm at model.norm: cannot capture TOPLOC states")
+    return norm
+
+
+def _failed_check(sample: RolloutSample, verdict: Any) -> Any:
+    from node.verify import SampleCheck, SampleVerdict
+
+    return SampleCheck(SampleVerdict(sample.group, sample.sample, verdict))
 
 
 def _dummy_sample(pad_id: int) -> RolloutSample:

@@ -16,7 +16,7 @@ from node.rollout.file import RolloutFile, RolloutHeader, RolloutSample
 from node.tasks.math import MathEnv
 from node.tasks.prompts import prompt_encoder, stop_ids
 from node.taskspec import TaskSpec
-from node.verify import Calibrated, verify_file
+from node.verify import Calibrated, FileChecks, verify_file
 
 SEED = 11
 PROMPTS = 6
@@ -68,16 +68,19 @@ def verify(f, hf_prefill, tools):
         p = hf_prefill.prefill(prompt, completion)
         return p.hidden, p.logprobs
 
-    return verify_file(
-        f,
-        prefill,
-        params=TaskSpec(f.header.model, f.header.env, dict(f.header.sampling)).sampling_params(),
-        vocab_size=hf_prefill.vocab_size,
-        env=tools["env"],
-        encode_prompt=tools["encode"],
-        decode=tools["decode"],
-        stop_ids=tools["stop"],
-        calibrated=tools["calibrated"],
+    return verify_file(f, prefill, checks_for(f, tools, hf_prefill.vocab_size))
+
+
+def checks_for(f, tools, vocab_size):
+    """The checks of the task the file's header claims (these tests forge headers on purpose)."""
+    return FileChecks(
+        TaskSpec(f.header.model, f.header.env, dict(f.header.sampling)).sampling_params(),
+        tools["env"],
+        tools["encode"],
+        tools["decode"],
+        tools["stop"],
+        tools["calibrated"],
+        vocab_size,
     )
 
 

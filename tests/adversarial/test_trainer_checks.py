@@ -1,0 +1,117 @@
+"""The trainer verifies what it trains on: in its old-log-prob pass (the generating version's weights
+over every sample) it captures the final-norm hidden states and runs the TOPLOC, sampling and reward
+checks, so a file that would pass the coordinator's intake but was not generated honestly by the pool's
+model is never trained on. Real vLLM files on the tiny model, the real `Trainer`, the shipped thresholds."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from node.daemon import model_tools
+from node.rollout.build import build_rollout_file
+from node.rollout.checks import Reason
+from node.rollout.file import RolloutFile, RolloutHeader
+from node.tasks.math import get_env
+from node.taskspec import TaskSpec
+from node.verify import Calibrated, pool_checks
+
+SEED = 31
+PROMPTS = 6
+GROUP = 8
+MAX_TOKENS = 96
+ENV = "thinking-budget"  # rewards depend on the length: groups have a signal, so samples are trained on
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "max_tokens": MAX_TOKENS}
+
+
+@pytest.fixture(scope="module")
+def checks() -> Any:
+    return pool_checks(TaskSpec("tiny", ENV, SAMPLING), model_tools("tiny"), Calibrated.load("tiny"))
+
+
+def _generate(engine: Any, checks: Any, *, temperature: float = 1.0, seed: int = SEED, version: int = 0) -> RolloutFile:
+    from node.inference.engine import SamplingSpec
+
+    env = get_env(ENV)
+    problems = env.problems(SEED, PROMPTS)
+    spec = SamplingSpec(temperature, 1.0, MAX_TOKENS, seed=seed, stop_token_ids=tuple(sorted(checks.stop_ids)))
+    groups = engine.generate([checks.encode_prompt(p.prompt) for p in problems], spec, n=GROUP)
+    header = RolloutHeader(1, "0x" + "ab" * 20, version, ENV, SEED, dict(SAMPLING), "tiny")
+    f = build_rollout_file(header, problems, groups, env=env, decode=checks.decode)
+    return RolloutFile.from_bytes(f.to_bytes())
+
+
+def _handwritten(honest: RolloutFile, checks: Any) -> RolloutFile:
+    """Completions written by hand (the worker's proofs and logprobs kept): each group's samples get
+    different lengths, so rewards differ and the group is trained on, and every reward is the one the
+    task gives for that text, so the coordinator's intake has nothing to object to."""
+    env = get_env(ENV)
+    out = []
+    for s in honest.samples:
+        problem = env.problem(SEED, s.group)
+        text = " ".join(["so"] * (2 + 3 * s.sample)) + f" the answer is {problem.answer}"
+        ids = [t for t in checks.encode_prompt(text) if t not in checks.stop_ids][-(MAX_TOKENS - 1) :]
+        ids.append(min(checks.stop_ids))  # ends like a real completion: a stop token, finish "stop"
+        lp = (list(s.logprobs) + [-1.0] * MAX_TOKENS)[: len(ids)]
+        proofs = (list(s.proofs) * 4)[: max(1, (len(ids) + 31) // 32)]
+        reward = env.reward(problem, checks.decode(ids), len(ids))
+        out.append(dataclasses.replace(s, completion_tokens=ids, logprobs=lp, proofs=proofs, finish_reason="stop",
+                                       reward=reward))  # fmt: skip
+    return RolloutFile(honest.header, out)
+
+
+def _weights(trainer: Any) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+
+def test_trainer_trains_only_on_verified_rollouts(vllm_engine: Any, tiny_model: Path, checks: Any) -> None:
+    from pool.grpo import Trainer
+
+    honest = _generate(vllm_engine, checks)
+    hot = _generate(vllm_engine, checks, temperature=2.0, seed=SEED + 1)  # hotter than the task's 1.0
+    forged = _handwritten(_generate(vllm_engine, checks, seed=SEED + 2), checks)
+    files = [honest, hot, forged]
+
+    guarded = Trainer(tiny_model, lr=1e-3, async_level=0, checks=checks, micro_batch_size=4)
+    stats = guarded.step(files, 0)
+    reasons = {i: v["verdict"]["reason"] for i, v in stats.rejected}
+    assert set(reasons) == {1, 2}, reasons
+    assert reasons[1] == str(Reason.TEMPERATURE_MISMATCH)
+    assert reasons[2].startswith("toploc"), reasons
+    assert stats.samples_trained > 0 and stats.verified == stats.samples_trained, stats
+    assert stats.rejected_samples > 0 and stats.unverified_dropped == 0
+
+    # exactly what a trainer that saw only the honest file learns: nothing of the cheats reached a gradient
+    plain = Trainer(tiny_model, lr=1e-3, async_level=0, micro_batch_size=4)
+    alone = plain.step([honest], 0)
+    assert alone.samples_trained == stats.samples_trained
+    a, b = _weights(guarded), _weights(plain)
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    before = _weights(Trainer(tiny_model, lr=1e-3))
+    assert any(not torch.equal(a[k], before[k]) for k in a)  # and it did learn from the honest file
+
+    # without checks (the old trainer) the forgery is trained on
+    blind = Trainer(tiny_model, lr=1e-3, async_level=0, micro_batch_size=4).step(files, 0)
+    assert blind.samples_trained > stats.samples_trained
+
+
+def test_rollouts_of_an_older_version_are_checked_with_that_version(
+    vllm_engine: Any, tiny_model: Path, checks: Any
+) -> None:
+    """An honest file of version 0 trained at version 1 is verified with version 0's kept weights (the
+    weights of the version that generated it); when those weights are gone it is not trained on at all."""
+    from pool.grpo import Trainer
+
+    t = Trainer(tiny_model, lr=5e-2, async_level=1, checks=checks, micro_batch_size=8)
+    first = t.step([_generate(vllm_engine, checks)], 0)
+    assert first.verified == first.samples_trained > 0
+    late = _generate(vllm_engine, checks, seed=SEED + 3)  # version 0, arriving after the step to 1
+    st = t.step([late], 1)
+    assert st.rejected == [] and st.verified == st.samples_trained > 0, st
+    t._history.clear()  # a trainer that lost version 0's weights cannot check the file: it skips it
+    st = t.step([late], 1)
+    assert st.samples_trained == 0 and st.unverified_dropped > 0, st
