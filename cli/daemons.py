@@ -354,6 +354,10 @@ def validate_command(
 @click.option("--train/--no-train", default=False, show_default=True, help="Train the policy with GRPO.")
 @click.option("--train-files", type=int, default=2, show_default=True, help="Rollout files per policy step.")
 @click.option("--lr", type=float, default=2e-4, show_default=True, help="Learning rate (AdamW).")
+@click.option(
+    "--thresholds",
+    help="Thresholds for the trainer's checks of every rollout (file or model name; default: the spec model's).",
+)
 @click.option("--async-level", type=int, help="Oldest usable policy: current - N (default: the spec's).")
 @click.option(
     "--seed",
@@ -393,6 +397,7 @@ def coordinator_command(
     train: bool,
     train_files: int,
     lr: float,
+    thresholds: str | None,
     async_level: int | None,
     seed: int | None,
     weights_at: str,
@@ -429,6 +434,7 @@ def coordinator_command(
         train=train,
         train_files=train_files,
         lr=lr,
+        thresholds=thresholds,
         async_level=async_level,
         weights_rate=weights_rate,
         keep_checkpoint_seconds=keep_checkpoint_hours * 3600.0,

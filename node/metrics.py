@@ -67,6 +67,9 @@ class Metrics:
             "intellect_work_records_submitted", "Work records submitted on chain.", registry=r
         )
         self.invalidations = Counter("intellect_invalidations", "Work invalidations sent.", registry=r)
+        self.trainer_rejected = Counter(
+            "intellect_trainer_rejected", "Rollouts the trainer's checks refused to train on.", registry=r
+        )
         self.claims = Counter("intellect_claims", "Reward claims sent.", registry=r)
         # gossip
         self.gossip_rejected = Counter(

@@ -175,6 +175,7 @@ class Validator:
                 async with self.net:
                     nursery.start_soon(self._policy_loop)
                     nursery.start_soon(self._announcement_loop)
+                    nursery.start_soon(self._hint_loop, str(info["coordinator"]))
                     task_status.started()
                     log.info("validating pool %d (sample rate %.2f)", cfg.pool_id, cfg.sample_rate)
                     while True:
@@ -273,7 +274,7 @@ class Validator:
             )
             return
         if r["status"] == "pending":
-            if not self.sampled(key):
+            if not self.sampled(key) and self.store.get(f"suspect:{key}") is None:
                 self.store.execute("UPDATE checks SET status = 'skipped' WHERE work_key = ?", (key,))
                 return
             try:
@@ -394,6 +395,25 @@ class Validator:
                 mine = [a for a in addrs[:4] if isinstance(a, str) and len(a) < 300 and _peer_is(a, env.sender)]
                 if mine:
                     self.store.put(f"peer:{env.sender.lower()}", json.dumps(mine))
+
+    async def _hint_loop(self, coordinator: str) -> None:
+        """The coordinator's trainer checks every rollout before training on it and publishes the ones
+        that fail: such a record is checked here whatever the sample rate (even if it was skipped). Only
+        the pool's coordinator is heard, and only to make us look: the verdict is always our own."""
+        assert self.net is not None
+        async for env in self.net.subscribe("verdict"):
+            if env.sender.lower() != coordinator.lower():
+                continue
+            try:
+                body = protocol.unpack(env.body, "verdict")
+            except protocol.ProtocolError:
+                continue
+            key = body.get("work_key")
+            if body.get("ok") is not False or not isinstance(key, str) or not re.fullmatch(r"0x[0-9a-f]{64}", key):
+                continue
+            self.store.put(f"suspect:{key}", str(body.get("reason", ""))[:100])
+            self.store.execute("UPDATE checks SET status = 'pending' WHERE work_key = ? AND status = 'skipped'", (key,))
+            log.info("the coordinator's trainer refused work %s (%s): checking it", key[:12], body.get("reason"))
 
     async def _invalidate(self, key: str, evidence: str, node: str) -> None:
         assert self.chain is not None

@@ -40,7 +40,7 @@ from node.p2p.network import PoolNetwork
 from node.policy import HISTORY, PolicyAnnouncement, RelayBook, announcement_sources, parse_heartbeat, relay_url
 from node.rollout.file import RolloutFile, RolloutFormatError
 from node.rollout.intake import completion_hashes
-from node.store import Store, settle_journal
+from node.store import Store, settle_journal, write_file
 from node.tasks.math import get_env
 from node.taskspec import TaskSpec, TaskSpecError, pool_spec
 from node.toploc import proof_commitment
@@ -73,7 +73,7 @@ CREATE TABLE IF NOT EXISTS rollouts (
     status TEXT NOT NULL DEFAULT 'accepted',   -- accepted | recorded | dropped
     tx TEXT,
     note TEXT,
-    trained INTEGER NOT NULL DEFAULT 0,        -- 0 not yet | 1 trained on | -1 too stale, never trained on
+    trained INTEGER NOT NULL DEFAULT 0,        -- 0 not yet | 1 trained on | -1 never (stale, unreadable) | -2 failed the trainer's checks
     signature TEXT                             -- the node's RolloutClaim signature of the work key
 );
 CREATE TABLE IF NOT EXISTS completions (       -- every accepted completion, to judge copies across files
@@ -96,7 +96,8 @@ CREATE TABLE IF NOT EXISTS steps (
     versions TEXT NOT NULL,                    -- policy versions of the rollouts trained on
     seconds REAL NOT NULL,
     manifest_hash TEXT NOT NULL,
-    at REAL NOT NULL
+    at REAL NOT NULL,
+    verified INTEGER NOT NULL DEFAULT 0        -- of the samples, those the trainer's checks passed
 );
 CREATE TABLE IF NOT EXISTS invalidated (       -- WorkInvalidated events of this pool, with the node we accepted it from
     work_key TEXT PRIMARY KEY, node TEXT, block INTEGER NOT NULL
@@ -141,6 +142,7 @@ class CoordinatorConfig:
     keep_checkpoint_seconds: float = 6 * 3600.0  # and every version current within this long
     blacklist_after: int = 0  # invalidated records after which a node gets no task and is blacklisted (0: never)
     orphan_after: float = 600.0  # an upload no accepted rollout names is deleted after this long
+    thresholds: str | None = None  # calibrated thresholds for the trainer's checks (default: the spec model's)
     seed: int | None = None  # fixed task seeds (reproducible experiments); None: unpredictable
 
 
@@ -151,10 +153,12 @@ class Coordinator:
         self.metrics = metrics
         self.store = Store(cfg.data_dir / "coordinator.db", SCHEMA)
         self.store.add_column("rollouts", "signature", "TEXT")
+        self.store.add_column("steps", "verified", "INTEGER NOT NULL DEFAULT 0")
         self.blobs = BlobStore(cfg.data_dir / "blobs", cfg.max_rollout_bytes)
         self.spec: TaskSpec | None = None
         self.env: Any = get_env(cfg.env) if cfg.env else None
         self.tools: ModelTools | None = None
+        self.checks: Any = None  # node.verify.FileChecks for the trainer (set when training)
         self.chain: ChainClient | None = None
         self.membership: ChainMembership | None = None
         self.net: PoolNetwork | None = None
@@ -203,6 +207,13 @@ class Coordinator:
                 json.loads(r[0]) for r in self.store.query("SELECT versions FROM steps ORDER BY version")
             ],
             "stale_never_trained": int(self.store.scalar("SELECT COUNT(*) FROM rollouts WHERE trained = -1") or 0),
+            # rollouts the trainer's checks refused, per node, and the samples trained / verified before training
+            "trainer_refused": {
+                str(r[0]): int(r[1])
+                for r in self.store.query("SELECT node, COUNT(*) FROM rollouts WHERE trained = -2 GROUP BY node")
+            },
+            "samples_trained": int(self.store.scalar("SELECT COALESCE(SUM(samples), 0) FROM steps") or 0),
+            "samples_verified": int(self.store.scalar("SELECT COALESCE(SUM(verified), 0) FROM steps") or 0),
             "relays": sorted(self.relays.live(time.time())),
             "relays_refused": self.relays.refused(time.time()),
             "rollout_versions": self._rollout_versions(),
@@ -244,6 +255,8 @@ class Coordinator:
                 )
             self.load_spec(await self.fetch_spec(info))
             self.tools = await trio.to_thread.run_sync(model_tools, cfg.model)
+            if cfg.train:
+                self.checks = self.training_checks()
             cfg.policy_version = int(self.store.get("policy_version", "0") or 0)
             self.membership = ChainMembership(self.chain, cfg.pool_id, interval=1.0)
             async with trio.open_nursery() as nursery:
@@ -317,6 +330,21 @@ class Coordinator:
         cfg.sampling = dict(spec.sampling)
         self.spec = spec
         self.env = get_env(spec.env)
+
+    def training_checks(self) -> Any:
+        """The checks the trainer runs on every sample before it trains on it (the validator's, from the
+        same spec and thresholds). A pool whose model has no calibrated thresholds cannot train safely."""
+        from node.verify import Calibrated, pool_checks
+
+        assert self.spec is not None and self.tools is not None
+        try:
+            calibrated = Calibrated.load(self.cfg.thresholds or self.spec.model)
+        except ValueError as exc:
+            raise ChainError(
+                f"cannot train pool {self.cfg.pool_id}: {exc}",
+                "the trainer checks every rollout with the validators' thresholds; pass --thresholds FILE",
+            ) from None
+        return pool_checks(self.spec, self.tools, calibrated)
 
     # ------------------------------------------------------------------ request handlers
 
@@ -809,7 +837,7 @@ class Coordinator:
         v = self.cfg.policy_version
         ckpts = self.cfg.data_dir / "checkpoints"
         source = ckpts / f"v{v}" if v > 0 else self.tools.path
-        trainer = Trainer(source, lr=self.cfg.lr, async_level=self.cfg.async_level, seed=v)
+        trainer = Trainer(source, lr=self.cfg.lr, async_level=self.cfg.async_level, seed=v, checks=self.checks)
         if trainer.load_optimizer(source):
             log.info("resumed the optimizer state of policy version %d", v)
         elif v > 0:
@@ -879,10 +907,11 @@ class Coordinator:
             log.warning("dropping policy version %d, published but never committed by an earlier attempt", new)
             self.weights.remove(new)
         stats = await trio.to_thread.run_sync(self.trainer.step, files, v)
+        failed = {keys[i]: verdict for i, verdict in stats.rejected}
         protect = self.retained_versions(new, time.time())
         try:
             manifest = await self._publish_step(new, protect)
-            self._commit_step(new, keys, files, stats, manifest.manifest_hash())
+            self._commit_step(new, keys, files, stats, manifest.manifest_hash(), failed)
         except Exception:
             # The trainer in memory has taken a step that is not committed (a full disk, say): go back to
             # the last committed version, so that the retry trains on these rollouts once, not twice.
@@ -892,6 +921,8 @@ class Coordinator:
         from pool.grpo import OPTIMIZER_FILE
 
         self._announce_now.set()
+        for key, verdict in failed.items():
+            await self._report_failed(key, verdict)
         for old in sorted((cfg.data_dir / "checkpoints").glob("v*")):
             n = int(old.name[1:]) if old.name[1:].isdigit() else None
             if n is not None and n <= new - cfg.keep_checkpoints and n not in protect:
@@ -904,6 +935,33 @@ class Coordinator:
             stats.samples_trained, stats.seconds,
         )  # fmt: skip
         return True
+
+    async def _report_failed(self, key: str, verdict: dict[str, Any]) -> None:
+        """A rollout the trainer's checks refused: logged, its verdict kept, and published on the verdict
+        topic, where validators take it as a reason to check that record themselves, whatever their
+        sample rate. It is still recorded on chain: the node signed it, and a validator that agrees
+        invalidates it and slashes the node (dropping it would make cheating free to try). The
+        coordinator's word slashes nobody: validators judge the file themselves."""
+        reason = verdict["verdict"]["reason"]
+        body = json.dumps({"work_key": key, "pool": self.cfg.pool_id, "by": "trainer", **verdict}, sort_keys=True)
+        digest = "0x" + hashlib.sha256(body.encode()).hexdigest()
+        folder = self.cfg.data_dir / "evidence"
+        try:
+            folder.mkdir(exist_ok=True)
+            write_file(folder / f"{digest[2:]}.json", body.encode())
+        except OSError as exc:
+            log.warning("could not keep the trainer's verdict on %s: %s", key[:12], exc)
+        log.warning(
+            "rollout %s of node %s failed the trainer's checks (%s): not trained on; reported to the validators",
+            key[:12], self.store.scalar("SELECT node FROM rollouts WHERE work_key = ?", (key,)), reason,
+        )  # fmt: skip
+        self._count("trainer_rejected")
+        if self.net is not None:
+            msg = {"work_key": key, "ok": False, "reason": reason, "evidence": digest, "by": "trainer"}
+            try:
+                await self.net.publish("verdict", protocol.pack(msg))
+            except Exception as exc:  # no peers: the validators still check it by their sample rate
+                log.info("could not publish the trainer's verdict on %s: %r", key[:12], exc)
 
     async def _publish_step(self, new: int, protect: set[int]) -> Any:
         """Save the trainer's weights (and optimizer state) as checkpoint `new` and publish it on the
@@ -920,16 +978,33 @@ class Coordinator:
             lambda: self.weights.publish(ckpt / "model.safetensors", new, protect=protect)
         )
 
-    def _commit_step(self, new: int, keys: list[str], files: list[Any], stats: Any, manifest_hash: str) -> None:
-        """One transaction: the rollouts marked trained, the step recorded, the version bumped."""
+    def _commit_step(
+        self,
+        new: int,
+        keys: list[str],
+        files: list[Any],
+        stats: Any,
+        manifest_hash: str,
+        failed: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        """One transaction: the rollouts marked trained (or failed: never trained on; still recorded, so
+        that validators slash their nodes), the step recorded, the version bumped."""
         cfg = self.cfg
+        failed = failed or {}
         versions = sorted({f.header.policy_version for f in files})
+        marks: list[tuple[str, tuple[Any, ...]]] = []
+        for k in keys:
+            if k in failed:
+                note = f"failed the trainer's checks: {failed[k]['verdict']['reason']}"
+                marks.append(("UPDATE rollouts SET trained = -2, note = ? WHERE work_key = ?", (note, k)))
+            else:
+                marks.append(("UPDATE rollouts SET trained = 1 WHERE work_key = ?", (k,)))
         self.store.execute_many(
-            [("UPDATE rollouts SET trained = 1 WHERE work_key = ?", (k,)) for k in keys]
-            + [
+            [
+                *marks,
                 (
                     "INSERT OR REPLACE INTO steps(version, mean_reward, files, samples, stale, versions, seconds, "
-                    "manifest_hash, at) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "manifest_hash, at, verified) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         new,
                         float(stats.mean_reward),
@@ -940,6 +1015,7 @@ class Coordinator:
                         float(stats.seconds),
                         manifest_hash,
                         time.time(),
+                        int(stats.verified),
                     ),
                 ),
                 (

@@ -401,6 +401,7 @@ def build_report(opts: DevnetOptions, roles: Roles, pool_id: int, procs: list[Pr
             "cheater": p.name == "cheater",
             "rollouts_accepted": acc.get("recorded", 0) + acc.get("accepted", 0),
             "rollouts_invalidated": ledger.get("invalidated_records", 0),
+            "trainer_refused": coord.status.get("trainer_refused", {}).get(node, 0),
             "units_recorded": ledger.get("recorded_units", 0),
             "units_invalidated": ledger.get("invalidated_units", 0),
             "units_claimed": ledger.get("claimed_units", 0),
@@ -423,6 +424,8 @@ def build_report(opts: DevnetOptions, roles: Roles, pool_id: int, procs: list[Pr
             "reward_curve": coord.status.get("reward_curve", []),
             "trained_versions": coord.status.get("trained_versions", []),
             "stale_never_trained": coord.status.get("stale_never_trained", 0),
+            "samples_trained": coord.status.get("samples_trained", 0),
+            "samples_verified": coord.status.get("samples_verified", 0),
             "rollout_versions": coord.status.get("rollout_versions", {}),
             "relays": coord.status.get("relays", []),
             "relays_refused": coord.status.get("relays_refused", {}),
@@ -448,8 +451,13 @@ def check_outcome(report: dict[str, Any]) -> list[str]:
         else:
             if n["rollouts_invalidated"]:
                 problems.append(f"honest {name} had {n['rollouts_invalidated']} rollout(s) invalidated")
+            if n.get("trainer_refused"):
+                problems.append(f"the trainer refused {n['trainer_refused']} honest rollout(s) of {name}")
             if n["units_claimed"] == 0 or n["units_claimed"] != n["units_recorded"]:
                 problems.append(f"honest {name} claimed {n['units_claimed']} of {n['units_recorded']} units")
+    t = report.get("training", {})
+    if t.get("samples_verified", 0) != t.get("samples_trained", 0):
+        problems.append(f"trained on {t['samples_trained']} samples, only {t['samples_verified']} verified first")
     if not report["audit"]["consistent"]:
         problems.append("audit found mismatches: " + "; ".join(report["audit"]["mismatches"][:5]))
     return problems
@@ -598,6 +606,12 @@ def print_summary(report: dict[str, Any], say: Any) -> None:
     if t.get("enabled"):
         curve = " ".join(f"{x:.3f}" for x in t.get("reward_curve", []))
         say(f"  training: policy version {t.get('policy_version')}, mean reward per step: {curve or '-'}")
+        say(
+            f"  trained on {t.get('samples_trained', 0)} samples, {t.get('samples_verified', 0)} verified first; "
+            f"rollouts refused by the trainer's checks: "
+            + (", ".join(f"{k} {n['trainer_refused']}" for k, n in report["nodes"].items() if n.get("trainer_refused"))
+               or "none")
+        )  # fmt: skip
         if t.get("reward_plot"):
             say(f"  reward curve plotted in {t['reward_plot']}")
     a = report["audit"]

@@ -15,7 +15,7 @@ import torch
 from node.daemon import model_tools
 from node.rollout.build import build_rollout_file
 from node.rollout.checks import Reason
-from node.rollout.file import RolloutFile, RolloutHeader
+from node.rollout.file import RolloutFile, RolloutHeader, chunks_for
 from node.tasks.math import get_env
 from node.taskspec import TaskSpec
 from node.verify import Calibrated, pool_checks
@@ -57,7 +57,7 @@ def _handwritten(honest: RolloutFile, checks: Any) -> RolloutFile:
         ids = [t for t in checks.encode_prompt(text) if t not in checks.stop_ids][-(MAX_TOKENS - 1) :]
         ids.append(min(checks.stop_ids))  # ends like a real completion: a stop token, finish "stop"
         lp = (list(s.logprobs) + [-1.0] * MAX_TOKENS)[: len(ids)]
-        proofs = (list(s.proofs) * 4)[: max(1, (len(ids) + 31) // 32)]
+        proofs = (list(s.proofs) * MAX_TOKENS)[: chunks_for(len(ids))]
         reward = env.reward(problem, checks.decode(ids), len(ids))
         out.append(dataclasses.replace(s, completion_tokens=ids, logprobs=lp, proofs=proofs, finish_reason="stop",
                                        reward=reward))  # fmt: skip
