@@ -159,6 +159,7 @@ class Coordinator:
         self.env: Any = get_env(cfg.env) if cfg.env else None
         self.tools: ModelTools | None = None
         self.checks: Any = None  # node.verify.FileChecks for the trainer (set when training)
+        self._recording = trio.Lock()
         self.chain: ChainClient | None = None
         self.membership: ChainMembership | None = None
         self.net: PoolNetwork | None = None
@@ -671,6 +672,7 @@ class Coordinator:
         assert self.chain is not None
         try:
             if not await self.chain.call("PoolManager", "isBlacklisted", self.cfg.pool_id, node):
+                await self.record_all(node)  # what it submitted is recorded (and judged), not lost
                 await self.chain.transact(
                     "PoolManager", "blacklistNode", self.cfg.pool_id, node, what=f"blacklist {node}"
                 )
@@ -679,12 +681,25 @@ class Coordinator:
         except ChainError as exc:
             log.warning("blacklisting %s failed: %s", node, exc)
 
-    async def record_pending(self) -> int:
-        """Record up to one batch of accepted rollouts; returns how many were recorded now."""
+    async def record_all(self, node: str) -> None:
+        """Record every accepted rollout of `node` (before it stops being a member, after which the
+        ledger refuses its records). Raises ChainError if that fails: the caller must not eject then."""
+        while await self.record_pending(node):
+            pass
+
+    async def record_pending(self, node: str | None = None) -> int:
+        """Record up to one batch of accepted rollouts (of `node` only, when given); returns how many
+        were recorded now. One batch at a time: the record loop and an ejection never send the same
+        rows twice."""
+        async with self._recording:
+            return await self._record_batch(node)
+
+    async def _record_batch(self, node: str | None) -> int:
         assert self.chain is not None
         c, pool = self.chain, self.cfg.pool_id
         rows = self.store.query(
-            "SELECT * FROM rollouts WHERE status = 'accepted' ORDER BY accepted_at LIMIT ?", (self.cfg.batch_size,)
+            "SELECT * FROM rollouts WHERE status = 'accepted' AND (? IS NULL OR node = ?) ORDER BY accepted_at LIMIT ?",
+            (node, node, self.cfg.batch_size),
         )
         if not rows:
             return 0
@@ -761,6 +776,7 @@ class Coordinator:
                     continue
                 try:
                     if await self.chain.call("PoolManager", "isMember", self.cfg.pool_id, node):
+                        await self.record_all(node)  # its accepted work first: a non-member's cannot be recorded
                         await self.chain.transact(
                             "PoolManager", "ejectNode", self.cfg.pool_id, node, what=f"eject {node}"
                         )

@@ -15,12 +15,21 @@ from .envelope import (
     signing_payload,
     verify_envelope,
 )
-from .rules import Membership, MessageValidator, PeerScore, ReplayWindow, normalize_address
+from .rules import (
+    DEFAULT_BUDGETS,
+    Membership,
+    MessageValidator,
+    PeerScore,
+    ReplayWindow,
+    SenderBudget,
+    normalize_address,
+)
 
 # The trio/libp2p layers (`host.P2PNode`, `network.PoolNetwork`) are imported from their modules, so
 # that the pure core stays importable without libp2p.
 
 __all__ = [
+    "DEFAULT_BUDGETS",
     "KINDS",
     "MAX_ENVELOPE_BYTES",
     "VERSION",
@@ -31,6 +40,7 @@ __all__ = [
     "PeerScore",
     "RejectReason",
     "ReplayWindow",
+    "SenderBudget",
     "decode",
     "encode",
     "normalize_address",

@@ -56,6 +56,7 @@ class RejectReason(StrEnum):
     NOT_ALLOWED = "not_allowed"
     REPLAY = "replay"
     SKEW = "skew"
+    RATE = "rate"
     BANNED = "banned"
 
 

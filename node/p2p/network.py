@@ -6,6 +6,8 @@
   and GossipSub's per-topic spam limits apply per kind;
 - every message received from another peer goes through `MessageValidator.check` inside the host's
   topic validator, i.e. *before* GossipSub forwards it, so a bad message dies at the first hop;
+- every author has a budget per kind (`rules.SenderBudget`, `budgets`: messages per second and burst;
+  None for no limit): what a member sends beyond it is dropped before it is forwarded (`RATE`);
 - rejections are counted per reason (`rejected`) and charged to the message author in a `PeerScore`;
   an author past the threshold is banned at the host (`P2PNode.ban`: disconnected, refused both ways,
   its gossip dropped unread) and anything of it still in flight is refused (`BANNED`) until it expires;
@@ -33,7 +35,7 @@ from eth_account.signers.local import LocalAccount
 
 from .envelope import KINDS, Envelope, EnvelopeError, RejectReason, decode, encode, seal
 from .host import SUBSCRIPTION_BUFFER, P2PNode
-from .rules import Membership, MessageValidator, PeerScore
+from .rules import DEFAULT_BUDGETS, Membership, MessageValidator, PeerScore, SenderBudget
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +69,7 @@ class PoolNetwork:
         score: PeerScore | None = None,
         max_skew: float = 30.0,
         replay_window: int = 1024,
+        budgets: dict[str, tuple[float, float]] | None = DEFAULT_BUDGETS,
         subscription_buffer: int = SUBSCRIPTION_BUFFER,
         clock: Callable[[], float] = time.time,
         **node_options: Any,
@@ -74,7 +77,13 @@ class PoolNetwork:
         self.pool = pool
         self.account: LocalAccount = Account.from_key(private_key)
         self.membership = membership
-        self.validator = MessageValidator(pool, membership, max_skew=max_skew, window=replay_window)
+        self.validator = MessageValidator(
+            pool,
+            membership,
+            max_skew=max_skew,
+            window=replay_window,
+            budget=SenderBudget(budgets) if budgets is not None else None,
+        )
         self.score = score if score is not None else PeerScore()
         self.clock = clock
         self.rejected: Counter[RejectReason] = Counter()

@@ -168,6 +168,9 @@ DEFAULT_WEIGHTS: dict[RejectReason, float] = {
     RejectReason.POOL: 2.0,
     RejectReason.VERSION: 1.0,
     RejectReason.REPLAY: 1.0,
+    # Over its budget: an honest burst may overrun by a few messages, a flood by thousands (40 excess
+    # messages within the decay make a ban).
+    RejectReason.RATE: 0.5,
     # Not charged: a message arrives late through network delay, an overloaded relay or a third party
     # re-sending it, none of which is its author's doing (under overload, charging it banned honest
     # nodes). It is still dropped and counted.
@@ -258,6 +261,48 @@ class PeerScore:
         return dict(p.counts) if p is not None else {}
 
 
+# Per-sender budget of each kind: (messages per second, burst). An honest node sends a heartbeat every
+# few seconds, a rollout announcement per file, a verdict per check (validators catch up in bursts);
+# the coordinator a policy announcement every few seconds and tasks on demand. The rest of a flood is
+# dropped at the first hop, so one member cannot crowd the others out of anyone's validation queue.
+DEFAULT_BUDGETS: dict[str, tuple[float, float]] = {
+    "heartbeat": (5.0, 50.0),
+    "rollout": (20.0, 200.0),
+    "verdict": (50.0, 500.0),
+    "task": (100.0, 500.0),
+    "policy": (5.0, 50.0),
+}
+
+
+class SenderBudget:
+    """A token bucket per (sender, kind): `take` spends one message of the bucket, refilled at the
+    kind's rate up to its burst. Kinds without a budget are unlimited. Memory is bounded by
+    `max_buckets` (least recently used forgotten; a forgotten bucket starts full again, which only
+    members, a set the chain bounds, can use)."""
+
+    def __init__(self, budgets: dict[str, tuple[float, float]] | None = None, *, max_buckets: int = 16_384) -> None:
+        self.budgets = dict(DEFAULT_BUDGETS if budgets is None else budgets)
+        for kind, (rate, burst) in self.budgets.items():
+            if not (rate > 0 and burst >= 1):
+                raise ValueError(f"budget of {kind!r}: rate must be > 0 and burst >= 1, got {rate}, {burst}")
+        self.max_buckets = max_buckets
+        self._buckets: OrderedDict[tuple[str, str], tuple[float, float]] = OrderedDict()  # -> (tokens, at)
+
+    def take(self, sender: str, kind: str, now: float) -> bool:
+        budget = self.budgets.get(kind)
+        if budget is None:
+            return True
+        rate, burst = budget
+        key = (sender, kind)
+        tokens, at = self._buckets.pop(key, (burst, now))
+        tokens = min(burst, tokens + max(0.0, now - at) * rate)  # a clock going backwards adds nothing
+        ok = tokens >= 1.0
+        self._buckets[key] = (tokens - 1.0 if ok else tokens, max(at, now))
+        if len(self._buckets) > self.max_buckets:
+            self._buckets.popitem(last=False)
+        return ok
+
+
 class MessageValidator:
     """The topic validator's logic: bytes in, a trusted Envelope out, or EnvelopeError with the reason.
 
@@ -273,12 +318,14 @@ class MessageValidator:
         max_skew: float = 30.0,
         window: int = 1024,
         max_senders: int = 4096,
+        budget: SenderBudget | None = None,
     ) -> None:
         self.pool = pool
         self.membership = membership
         self.max_bytes = max_bytes
         self.max_skew = max_skew
         self.replay = ReplayWindow(window, max_senders=max_senders)
+        self.budget = budget
 
     def check(self, data: bytes, *, peer_address: str | None, now: float, author_verified: bool = False) -> Envelope:
         """Validate one received message. `peer_address` is the Ethereum address bound to the libp2p
@@ -323,6 +370,11 @@ class MessageValidator:
                 RejectReason.SKEW,
                 f"message time {env.time:.3f} is {env.time - now:+.3f}s from now (max {self.max_skew}s)",
             )
+        if self.replay.seen(env.sender, env.seq):
+            raise EnvelopeError(RejectReason.REPLAY, f"seq {env.seq} from {env.sender} already seen or too old")
+        # after the signature (nobody spends another's budget) and the replay check (a copy costs nothing)
+        if self.budget is not None and not self.budget.take(env.sender, env.kind, now):
+            raise EnvelopeError(RejectReason.RATE, f"{env.sender} is over its budget of {env.kind} messages")
         if not self.replay.accept(env.sender, env.seq):
             raise EnvelopeError(RejectReason.REPLAY, f"seq {env.seq} from {env.sender} already seen or too old")
         return env

@@ -77,6 +77,38 @@ async def test_silent_member_is_ejected_and_heartbeating_one_stays(chain: World,
     assert [(e.args["node"], e.args["by"]) for e in ejected] == [(chain.node.address, chain.coordinator.address)]
 
 
+async def test_an_ejection_records_the_nodes_accepted_work_first(chain: World, tmp_path: Path) -> None:
+    """Work the coordinator accepted from a node is recorded before the node is ejected (a non-member's
+    work can no longer be recorded): the ejection costs the node its place, never its pay."""
+    pid = await _pool_with_two_members(chain, tmp_path)
+    # the record loop is made idle: only the ejection can record this rollout
+    coord = _coordinator(chain, pid, tmp_path, eject_after=4.0, heartbeat_grace=0.0, record_every=3600.0)
+    key = "0x" + hashlib.sha256(b"accepted before going silent").hexdigest()
+    coord.store.execute(
+        "INSERT INTO rollouts(work_key, task_id, node, units, policy_version, proof_commitment, mean_reward, "
+        "accepted_at) VALUES(?, 't1', ?, 640, 0, ?, 0.0, ?)",
+        (key, chain.node.address, "0x" + "11" * 32, time.time()),
+    )
+    async with await chain.client(None) as reader, trio.open_nursery() as nursery:
+        await nursery.start(coord.run)
+        with trio.fail_after(60):
+            while await reader.call("PoolManager", "isMember", pid, chain.node.address):
+                await trio.sleep(0.5)
+        status = coord.store.scalar("SELECT status FROM rollouts WHERE work_key = ?", (key,))
+        nursery.cancel_scope.cancel()
+    async with await chain.client(None) as reader:
+        rec = await ops.record(reader, pid, key)
+        events = [
+            e for e in await reader.events(["PoolManager", "WorkLedger"]) if e.name in ("NodeEjected", "WorkRecorded")
+        ]
+    assert rec["statusName"] == "pending" and int(rec["units"]) == 640
+    assert [e.name for e in events if e.name == "WorkRecorded" or e.args["node"] == chain.node.address] == [
+        "WorkRecorded",
+        "NodeEjected",
+    ]
+    assert status == "recorded"
+
+
 async def test_an_open_task_is_reissued_until_the_policy_moves_past_it(chain: World, tmp_path: Path) -> None:
     """Asking again returns the same open task (no second seed to pick from) while its policy version is
     still usable; once the policy moved more than `async_level` versions on (the worker was down), the

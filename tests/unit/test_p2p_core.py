@@ -23,6 +23,7 @@ from node.p2p import (
     PeerScore,
     RejectReason,
     ReplayWindow,
+    SenderBudget,
     decode,
     encode,
     recover_sender,
@@ -267,7 +268,8 @@ def test_each_reason_from_its_crafted_message(reason: RejectReason) -> None:
 
 
 def test_every_reason_except_banned_is_covered() -> None:
-    assert set(CASES) | {RejectReason.REPLAY, RejectReason.BANNED} == set(RejectReason)
+    # REPLAY and RATE need a message before: test_replay_* and test_validator_drops_messages_over_the_budget_*
+    assert set(CASES) | {RejectReason.REPLAY, RejectReason.RATE, RejectReason.BANNED} == set(RejectReason)
 
 
 def test_replay_of_same_bytes_rejected() -> None:
@@ -367,6 +369,38 @@ def test_peer_score_tolerates_a_few_replays_and_decays() -> None:
     assert not s.penalize("q", RejectReason.MALFORMED, t + 100)  # 100 s at 0.1/s decayed the first one
     assert s.score("q", t + 100) == pytest.approx(10.0)
     assert s.penalize("q", RejectReason.OVERSIZE, t + 100)
+
+
+def test_sender_budget_allows_a_burst_then_the_rate() -> None:
+    b = SenderBudget({"heartbeat": (2.0, 5.0)})
+    assert [b.take("a", "heartbeat", NOW) for _ in range(7)] == [True] * 5 + [False] * 2
+    assert b.take("b", "heartbeat", NOW)  # per sender
+    assert b.take("a", "rollout", NOW)  # kinds without a budget are not limited
+    assert not b.take("a", "heartbeat", NOW + 0.4)  # 0.8 of a message earned
+    assert b.take("a", "heartbeat", NOW + 0.5) and not b.take("a", "heartbeat", NOW + 0.5)
+    assert [b.take("a", "heartbeat", NOW + 100) for _ in range(6)] == [True] * 5 + [False]  # refills to the burst
+    assert not b.take("a", "heartbeat", NOW - 50)  # a clock going backwards earns nothing
+    with pytest.raises(ValueError, match="rate must be > 0"):
+        SenderBudget({"heartbeat": (0.0, 5.0)})
+
+
+def test_sender_budget_memory_is_bounded() -> None:
+    b = SenderBudget({"heartbeat": (1.0, 1.0)}, max_buckets=3)
+    for i in range(10):
+        b.take(f"s{i}", "heartbeat", NOW)
+    assert len(b._buckets) == 3
+
+
+def test_validator_drops_messages_over_the_budget_without_burning_their_seq() -> None:
+    v = validator(budget=SenderBudget({"heartbeat": (1.0, 2.0)}))
+    got = [reason_of(v, make(kind="heartbeat", seq=i)) for i in range(4)]
+    assert got == [None, None, RejectReason.RATE, RejectReason.RATE]
+    assert reason_of(v, make(kind="heartbeat", seq=0)) is RejectReason.REPLAY  # a copy spends nothing
+    assert reason_of(v, make(kind="heartbeat", seq=2), now=NOW + 1.0) is None  # dropped, not burnt: it fits later
+    # a forgery in MEMBER's name does not spend MEMBER's budget
+    v2 = validator(budget=SenderBudget({"rollout": (1.0, 1.0)}))
+    assert reason_of(v2, forged()) is RejectReason.BAD_SIGNATURE
+    assert reason_of(v2, make(seq=5)) is None
 
 
 def test_peer_score_memory_is_bounded() -> None:
