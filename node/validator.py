@@ -398,22 +398,28 @@ class Validator:
 
     async def _hint_loop(self, coordinator: str) -> None:
         """The coordinator's trainer checks every rollout before training on it and publishes the ones
-        that fail: such a record is checked here whatever the sample rate (even if it was skipped). Only
-        the pool's coordinator is heard, and only to make us look: the verdict is always our own."""
+        that fail (`take_hint`)."""
         assert self.net is not None
         async for env in self.net.subscribe("verdict"):
-            if env.sender.lower() != coordinator.lower():
-                continue
-            try:
-                body = protocol.unpack(env.body, "verdict")
-            except protocol.ProtocolError:
-                continue
-            key = body.get("work_key")
-            if body.get("ok") is not False or not isinstance(key, str) or not re.fullmatch(r"0x[0-9a-f]{64}", key):
-                continue
-            self.store.put(f"suspect:{key}", str(body.get("reason", ""))[:100])
-            self.store.execute("UPDATE checks SET status = 'pending' WHERE work_key = ? AND status = 'skipped'", (key,))
-            log.info("the coordinator's trainer refused work %s (%s): checking it", key[:12], body.get("reason"))
+            self.take_hint(env.sender, env.body, coordinator)
+
+    def take_hint(self, sender: str, body: bytes, coordinator: str) -> bool:
+        """A failed verdict from the pool's coordinator makes us check that record whatever the sample
+        rate (even if it was skipped already). Only the coordinator is heard, and only to make us look:
+        the verdict is always our own. Returns whether the hint was taken."""
+        if sender.lower() != coordinator.lower():
+            return False
+        try:
+            msg = protocol.unpack(body, "verdict")
+        except protocol.ProtocolError:
+            return False
+        key = msg.get("work_key")
+        if msg.get("ok") is not False or not isinstance(key, str) or not re.fullmatch(r"0x[0-9a-f]{64}", key):
+            return False
+        self.store.put(f"suspect:{key}", str(msg.get("reason", ""))[:100])
+        self.store.execute("UPDATE checks SET status = 'pending' WHERE work_key = ? AND status = 'skipped'", (key,))
+        log.info("the coordinator's trainer refused work %s (%s): checking it", key[:12], str(msg.get("reason"))[:100])
+        return True
 
     async def _invalidate(self, key: str, evidence: str, node: str) -> None:
         assert self.chain is not None

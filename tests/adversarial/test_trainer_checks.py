@@ -6,6 +6,7 @@ model is never trained on. Real vLLM files on the tiny model, the real `Trainer`
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
@@ -115,3 +116,63 @@ def test_rollouts_of_an_older_version_are_checked_with_that_version(
     t._history.clear()  # a trainer that lost version 0's weights cannot check the file: it skips it
     st = t.step([late], 1)
     assert st.samples_trained == 0 and st.unverified_dropped > 0, st
+
+
+async def test_the_coordinator_marks_and_reports_what_its_trainer_refused(
+    vllm_engine: Any, tiny_model: Path, checks: Any, tmp_path: Path
+) -> None:
+    """`Coordinator.train_step` with the pool's checks: the forged rollout is marked (never trained on),
+    its verdict kept as evidence, the honest one trained; the step counts every trained sample as
+    verified. A validator hears the refusal only from the coordinator, and only as a reason to look."""
+    import json
+
+    from eth_account import Account
+
+    from node import protocol
+    from node.chain.deployment import Deployment
+    from node.validator import Validator, ValidatorConfig
+    from pool.coordinator import Coordinator, CoordinatorConfig
+
+    cfg = CoordinatorConfig(1, tmp_path / "c", "http://127.0.0.1:1", Deployment(31337, {}, 0), train_files=2)
+    coord = Coordinator(cfg, Account.create())
+    coord.load_spec(TaskSpec("tiny", ENV, SAMPLING, group_size=GROUP, async_level=1))
+    coord.tools = model_tools("tiny")
+    coord.checks = coord.training_checks()
+    coord.trainer = coord._load_trainer()
+    honest = _generate(vllm_engine, checks)
+    forged = _handwritten(_generate(vllm_engine, checks, seed=SEED + 2), checks)
+    keys = []
+    for i, f in enumerate((honest, forged)):
+        key = coord.blobs.put(f.to_bytes())
+        coord.store.execute(
+            "INSERT INTO rollouts(work_key, task_id, node, units, policy_version, proof_commitment, mean_reward, "
+            "accepted_at, status) VALUES(?, ?, ?, 1, 0, '0x', 0, ?, 'recorded')",
+            (key, f"t{i}", "0x" + "ab" * 20, time.time() + i),
+        )
+        keys.append(key)
+    assert await coord.train_step()
+    rows = {r["work_key"]: r for r in coord.store.query("SELECT work_key, trained, note FROM rollouts")}
+    assert rows[keys[0]]["trained"] == 1
+    assert rows[keys[1]]["trained"] == -2 and "toploc" in rows[keys[1]]["note"]
+    status = coord.status()
+    assert status["trainer_refused"] == {"0x" + "ab" * 20: 1}
+    assert status["samples_verified"] == status["samples_trained"] > 0
+    evidence = [json.loads(p.read_text()) for p in (cfg.data_dir / "evidence").glob("*.json")]
+    assert [(e["work_key"], e["by"], e["ok"]) for e in evidence] == [(keys[1], "trainer", False)]
+
+    v = Validator(ValidatorConfig(1, tmp_path / "v", "http://127.0.0.1:1", Deployment(31337, {}, 0)), Account.create())
+    v.store.execute(
+        "INSERT INTO checks(work_key, node, provider, units, policy_version, block, status) "
+        "VALUES(?, ?, ?, 1, 0, 1, 'skipped')",
+        (keys[1], "0x" + "ab" * 20, "0x" + "cd" * 20),
+    )
+    hint = protocol.pack({"work_key": keys[1], "ok": False, "reason": "toploc_exponent_mismatch", "by": "trainer"})
+    other = Account.create().address
+    assert not v.take_hint(other, hint, coord.key.address)  # only the coordinator is heard
+    assert not v.take_hint(coord.key.address, b"\xc1garbage", coord.key.address)
+    ok = protocol.pack({"work_key": keys[1], "ok": True})
+    assert not v.take_hint(coord.key.address, ok, coord.key.address)
+    assert v.store.scalar("SELECT status FROM checks WHERE work_key = ?", (keys[1],)) == "skipped"
+    assert v.take_hint(coord.key.address, hint, coord.key.address)
+    assert v.store.scalar("SELECT status FROM checks WHERE work_key = ?", (keys[1],)) == "pending"
+    assert v.store.get(f"suspect:{keys[1]}") == "toploc_exponent_mismatch"

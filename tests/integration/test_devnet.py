@@ -68,3 +68,34 @@ def test_devnet_with_adversary_end_to_end(tmp_path: Path) -> None:
         log = (tmp_path / "dn" / f"{name}.log").read_text()
         assert "SIGTERM received" in log and ": shut down" in log, name
     print(f"devnet with adversary took {elapsed:.0f} s")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kind", "reason"), [("duplicate", "duplicate_samples"), ("poison", "proof_malformed")])
+def test_devnet_with_each_cheat_kind(tmp_path: Path, kind: str, reason: str) -> None:
+    """`intellect-node devnet --adversary --adversary-kind KIND`: copies of one completion per group (logprobs
+    inflated so the coordinator's own repeat bound lets them in), or a file with zeroed proofs. Either way
+    the cheater's every rollout is invalidated for that reason and slashed, the honest workers are paid,
+    and nothing was trained on that the trainer had not verified."""
+    pytest.importorskip("vllm")
+    report_path = tmp_path / "r.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INTELLECT_")}
+    p = subprocess.run(
+        [sys.executable, "-m", "cli.main", "devnet", "--model", "tiny", "--adversary", "--adversary-kind", kind,
+         "--steps", "3", "--report", str(report_path), "--dir", str(tmp_path / "dn"), "--timeout", "420"],
+        capture_output=True, text=True, timeout=480, env=env, cwd=str(ROOT),
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["ok"] and report["problems"] == [] and report["adversary"] == kind
+    cheat = report["nodes"]["cheater"]
+    assert cheat["rollouts_accepted"] == 3 and cheat["rollouts_invalidated"] == 3 and cheat["units_claimed"] == 0
+    assert cheat["slashed_tokens"] == 3 * 5 * 10**18
+    for name in ("worker1", "worker2"):
+        n = report["nodes"][name]
+        assert n["rollouts_invalidated"] == 0 and n["units_claimed"] == n["units_recorded"] > 0
+        assert n["trainer_refused"] == 0
+    reasons = [json.loads(f.read_text())["verdict"]["reason"] for f in (tmp_path / "dn/validator/evidence").glob("*")]
+    assert reasons.count(reason) == 3 and set(reasons) == {reason, "ok"}, reasons
+    t = report["training"]
+    assert t["samples_trained"] > 0 and t["samples_verified"] == t["samples_trained"]
