@@ -23,10 +23,15 @@ CHUNK = 32
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_ROWS = 4096
 MAX_TOKENS = 32768
-# Decoded size bound, checked from the parquet footer before any column is read: plainly encoded pages
-# that zstd squeezed from gigabytes are refused here. Dictionary/RLE-encoded pages report their encoded
-# size, so what bounds memory in the end is MAX_ROWS x MAX_TOKENS.
+# Decoded size bound. Checked first from the parquet footer (plainly encoded pages that zstd squeezed
+# from gigabytes are refused before any read), then while the rows are decoded, batch by batch: dictionary
+# and RLE pages report their encoded size in the footer, and a 22 KB file of one repeated token id decodes
+# to gigabytes. A file may decode to DECODED_FLOOR + DECODED_RATIO x its size (honest files, zstd over
+# token ids and logprobs, decode to about 4x), never more than MAX_DECODED_BYTES.
 MAX_DECODED_BYTES = 256 * 1024 * 1024
+DECODED_FLOOR = 16 * 1024 * 1024
+DECODED_RATIO = 16
+READ_BATCH_ROWS = 32
 
 SCHEMA = pa.schema(
     [
@@ -128,38 +133,29 @@ class RolloutFile:
             )
             if decoded > MAX_DECODED_BYTES:
                 raise RolloutFormatError(f"rollout file decodes to {decoded} bytes, the limit is {MAX_DECODED_BYTES}")
-            table = pf.read()
+            schema = pf.schema_arrow
         except RolloutFormatError:
             raise
         except Exception as exc:  # pyarrow raises many types for corrupt input
             raise RolloutFormatError(f"not a readable parquet file ({type(exc).__name__}: {exc})") from None
-        raw_meta = (table.schema.metadata or {}).get(b"intellect")
-        if raw_meta is None:
-            raise RolloutFormatError("rollout file has no intellect header")
+        header = _header(schema.metadata or {})
+        if not schema.remove_metadata().equals(SCHEMA):
+            raise RolloutFormatError(f"rollout columns {schema.names} do not match the format")
+        budget = min(MAX_DECODED_BYTES, DECODED_FLOOR + DECODED_RATIO * len(data))
+        rows: list[dict[str, Any]] = []
         try:
-            meta = json.loads(raw_meta)
-            if meta.get("format") != FORMAT:
-                raise RolloutFormatError(f"unknown rollout format {meta.get('format')!r}, expected {FORMAT}")
-            h = meta["header"]
-            header = RolloutHeader(
-                pool_id=int(h["pool_id"]),
-                node=str(h["node"]),
-                policy_version=int(h["policy_version"]),
-                env=str(h["env"]),
-                task_seed=int(h["task_seed"]),
-                sampling=dict(h["sampling"]),
-                model=str(h["model"]),
-                extra=dict(h.get("extra", {})),
-            )
+            used = 0
+            for batch in pf.iter_batches(batch_size=READ_BATCH_ROWS, use_threads=False):
+                used += batch.nbytes
+                if used > budget:
+                    raise RolloutFormatError(
+                        f"rollout file of {len(data)} bytes decodes to more than {budget} bytes (a dictionary "
+                        "or run-length bomb?)"
+                    )
+                rows.extend(batch.to_pylist())
         except RolloutFormatError:
             raise
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise RolloutFormatError(f"malformed rollout header ({exc})") from None
-        if not table.schema.remove_metadata().equals(SCHEMA):
-            raise RolloutFormatError(f"rollout columns {table.schema.names} do not match the format")
-        try:
-            rows = table.to_pylist()
-        except Exception as exc:  # e.g. invalid UTF-8 in a string column
+        except Exception as exc:  # corrupt pages, invalid UTF-8 in a string column, ...
             raise RolloutFormatError(f"unreadable rollout rows ({type(exc).__name__}: {exc})") from None
         samples = []
         for i, r in enumerate(rows):
@@ -185,6 +181,31 @@ class RolloutFile:
                 raise RolloutFormatError(f"row {i}: {exc}") from None
             samples.append(s)
         return cls(header, samples)
+
+
+def _header(metadata: dict[bytes, bytes]) -> RolloutHeader:
+    raw_meta = metadata.get(b"intellect")
+    if raw_meta is None:
+        raise RolloutFormatError("rollout file has no intellect header")
+    try:
+        meta = json.loads(raw_meta)
+        if meta.get("format") != FORMAT:
+            raise RolloutFormatError(f"unknown rollout format {meta.get('format')!r}, expected {FORMAT}")
+        h = meta["header"]
+        return RolloutHeader(
+            pool_id=int(h["pool_id"]),
+            node=str(h["node"]),
+            policy_version=int(h["policy_version"]),
+            env=str(h["env"]),
+            task_seed=int(h["task_seed"]),
+            sampling=dict(h["sampling"]),
+            model=str(h["model"]),
+            extra=dict(h.get("extra", {})),
+        )
+    except RolloutFormatError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise RolloutFormatError(f"malformed rollout header ({exc})") from None
 
 
 def _validate_sample(s: RolloutSample) -> None:

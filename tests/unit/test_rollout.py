@@ -186,3 +186,67 @@ def test_decoder_never_crashes(noise, cut):
     mutated = data[:cut] + noise + data[cut + len(noise) :]
     with contextlib.suppress(RolloutFormatError):
         RolloutFile.from_bytes(mutated)
+
+
+def _bomb(rows: int, tokens: int) -> bytes:
+    """A file whose every completion is one token id repeated: dictionary + run-length pages make it a few
+    KB on the wire (and in the footer's sizes), `rows * tokens * 8` bytes once decoded."""
+    import io
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from node.rollout.file import SCHEMA
+
+    f = _file()
+    meta = pq.read_schema(io.BytesIO(f.to_bytes())).metadata
+    offsets = pa.array(np.arange(rows + 1, dtype=np.int32) * tokens)
+    ints = pa.ListArray.from_arrays(offsets, pa.array(np.full(rows * tokens, 5, dtype=np.int32)))
+    floats = pa.ListArray.from_arrays(offsets, pa.array(np.full(rows * tokens, -1.0, dtype=np.float32)))
+    proofs = b"\x01" * (258 * ((tokens + 31) // 32))
+    t = pa.table(
+        {
+            "group": pa.array(np.zeros(rows, dtype=np.int32)),
+            "sample": pa.array(np.arange(rows, dtype=np.int32)),
+            "task_id": ["t"] * rows,
+            "prompt_tokens": pa.ListArray.from_arrays(pa.array(np.arange(rows + 1, dtype=np.int32)), pa.array(
+                np.ones(rows, dtype=np.int32))),
+            "completion_tokens": ints,
+            "logprobs": floats,
+            "reward": [0.0] * rows,
+            "finish_reason": ["length"] * rows,
+            "proofs": [proofs] * rows,
+        },
+        schema=SCHEMA.with_metadata(meta),
+    )  # fmt: skip
+    buf = io.BytesIO()
+    pq.write_table(t, buf, compression="zstd", use_dictionary=True, write_statistics=False)
+    return buf.getvalue()
+
+
+def test_a_run_length_bomb_is_refused_within_its_budget(tmp_path):
+    import subprocess
+    import sys
+
+    data = _bomb(1024, 8192)  # 7 KB that decode to 1024 x 8192 x 8 = 64 MiB of token ids and logprobs
+    assert len(data) < 64 * 1024
+    with pytest.raises(RolloutFormatError, match="bomb"):
+        RolloutFile.from_bytes(data)
+    small = _bomb(8, 64)  # the same encoding at an honest size decodes fine
+    assert len(RolloutFile.from_bytes(small).samples) == 8
+
+    # peak memory of a fresh process reading each: the bomb costs about its budget (16 MiB and a batch),
+    # not the 64 MiB of Arrow and ~600 MB of Python lists it would decode to
+    def peak_mb(blob: bytes) -> float:
+        path = tmp_path / "f.parquet"
+        path.write_bytes(blob)
+        code = (
+            "import resource, sys\nfrom node.rollout.file import RolloutFile, RolloutFormatError\n"
+            "try:\n    RolloutFile.from_bytes(open(sys.argv[1], 'rb').read())\nexcept RolloutFormatError:\n    pass\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
+        )
+        out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
+        return float(out.stdout.strip().splitlines()[-1])
+
+    assert peak_mb(data) - peak_mb(small) < 40
