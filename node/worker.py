@@ -13,6 +13,7 @@ treats a repeat as a duplicate). Transactions go through the durable journal.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -689,4 +690,14 @@ class Worker:
         self._count("claims", len(keys))
         self._count("rewards_claimed_tokens", reward / 10**18)
         log.info("claimed %s for %d final work record(s)", tokens(reward), len(keys))
+        # claimed work is final: nobody can ask for its file any more. (Files of invalidated work stay,
+        # for an appeal; the claim scan covers the provider's other nodes too, whose files are not here.)
+        gone = 0
+        for k in keys:
+            path = self.cfg.data_dir / "rollouts" / f"{k.removeprefix('0x')}.parquet"
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                gone += 1
+        if gone:
+            log.info("deleted %d rollout file(s) of claimed work", gone)
         return reward

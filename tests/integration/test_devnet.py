@@ -99,3 +99,6 @@ def test_devnet_with_each_cheat_kind(tmp_path: Path, kind: str, reason: str) -> 
     assert reasons.count(reason) == 3 and set(reasons) == {reason, "ok"}, reasons
     t = report["training"]
     assert t["samples_trained"] > 0 and t["samples_verified"] == t["samples_trained"]
+    # honest workers deleted the files of their claimed (final) work; the cheater keeps its invalidated ones
+    assert [list((tmp_path / "dn" / w / "rollouts").glob("*.parquet")) for w in ("worker1", "worker2")] == [[], []]
+    assert len(list((tmp_path / "dn" / "cheater" / "rollouts").glob("*.parquet"))) == 3
