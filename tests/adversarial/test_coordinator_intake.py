@@ -1,0 +1,113 @@
+"""The real coordinator daemon (anvil with the compiled contracts, libp2p on 127.0.0.1) against nodes that
+try its intake: an outsider that uploads and asks for work, a member that submits without its signature
+or with another node's, a member that uploads blobs it never submits. Nothing they send is written for
+long, accepted or recorded; the honest submission in the same run is accepted."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+import trio
+from eth_account.signers.local import LocalAccount
+
+from node import ops, protocol
+from node.p2p.blobs import upload_blob
+from node.p2p.host import P2PError
+from node.p2p.network import PoolNetwork
+from node.p2p.rules import Membership
+from node.rollout.build import build_rollout_file
+from node.rollout.file import RolloutHeader, work_key
+from node.tasks.math import get_env
+from pool.coordinator import Coordinator, CoordinatorConfig
+from tests.conftest import World
+from tests.integration.test_coordinator import _pool_with_two_members
+
+
+def _file_for(task: protocol.Task, node: str, engine: Any, tools: Any) -> bytes:
+    from node.inference.engine import SamplingSpec
+
+    env = get_env(task.env)
+    problems = env.problems(task.seed, task.prompts)
+    s = task.sampling
+    spec = SamplingSpec(float(s["temperature"]), float(s.get("top_p", 1.0)), int(s["max_tokens"]), seed=task.seed,
+                        stop_token_ids=tuple(sorted(tools.stop_ids)))  # fmt: skip
+    groups = engine.generate([tools.encode(p.prompt) for p in problems], spec, n=task.group_size)
+    header = RolloutHeader(task.pool_id, node, task.policy_version, task.env, task.seed, dict(s), task.model)
+    return build_rollout_file(header, problems, groups, env=env, decode=tools.decode).to_bytes()
+
+
+async def test_outsiders_unsigned_and_foreign_signed_submissions_and_orphans(
+    chain: World, tmp_path: Path, vllm_engine: Any
+) -> None:
+    pid = await _pool_with_two_members(chain, tmp_path)
+    cfg = CoordinatorConfig(
+        pool_id=pid, data_dir=tmp_path / "coord", rpc_url=chain.url, deployment=chain.deployment,
+        listen="/ip4/127.0.0.1/tcp/0", eject_after=0, orphan_after=3.0, record_every=1.0,
+    )  # fmt: skip
+    coord = Coordinator(cfg, chain.coordinator)
+    blobs_dir = cfg.data_dir / "blobs"
+
+    def blob_files() -> list[str]:
+        return sorted(p.name for p in blobs_dir.iterdir() if not p.name.startswith("."))
+
+    def members() -> Membership:
+        return Membership(pid, chain.coordinator.address, frozenset(), frozenset({chain.node.address}))
+
+    async with trio.open_nursery() as nursery:
+        addrs = await nursery.start(coord.run)
+        peer = addrs[0]
+        assert coord.tools is not None
+
+        async def net_of(who: LocalAccount) -> PoolNetwork:
+            return PoolNetwork(private_key=bytes(who.key), pool=pid, membership=members)
+
+        # an outsider: no task, no upload slot, nothing written
+        async with await net_of(chain.outsider) as out:
+            await out.connect(peer)
+            reply = protocol.unpack(
+                await out.node.request(peer, protocol.TASK_PROTOCOL, protocol.pack({}), timeout=20), "t"
+            )
+            assert reply["ok"] is False and "not a member" in reply["error"]
+            for _ in range(3):
+                with contextlib.suppress(P2PError):
+                    await upload_blob(out.node, peer, os.urandom(5000))
+            assert blob_files() == []
+
+        async with await net_of(chain.node) as net:
+            await net.connect(peer)
+
+            async def ask(proto: str, body: dict[str, Any]) -> dict[str, Any]:
+                raw = await net.node.request(peer, proto, protocol.pack(body), timeout=30)
+                return protocol.unpack(raw, "reply")
+
+            task = protocol.Task.from_wire((await ask(protocol.TASK_PROTOCOL, {}))["task"])
+            data = _file_for(task, chain.node.address, vllm_engine, coord.tools)
+            key = work_key(data)
+            assert await upload_blob(net.node, peer, data) == key
+            claim = ops.rollout_claim(coord.chain, pid, key)  # type: ignore[arg-type]
+            mine, theirs = claim.sign(chain.node), claim.sign(chain.node2)
+            for sig in (None, "0x" + "00" * 65, theirs):
+                reply = await ask(
+                    protocol.SUBMIT_PROTOCOL, {"work_key": key, "task_id": task.task_id, "signature": sig}
+                )
+                assert reply["ok"] is False and "signature" in reply["error"], reply
+            assert coord.store.one("SELECT 1 FROM rollouts WHERE work_key = ?", (key,)) is None
+            reply = await ask(protocol.SUBMIT_PROTOCOL, {"work_key": key, "task_id": task.task_id, "signature": mine})
+            assert reply["ok"] is True and reply["status"] == "accepted", reply
+
+            # blobs a member uploads and never submits are deleted after orphan_after; accepted ones stay
+            junk = await upload_blob(net.node, peer, os.urandom(3000))
+            assert f"{junk[2:]}" in "".join(blob_files())
+            with trio.fail_after(30):
+                while any(junk[2:] in n for n in blob_files()):
+                    coord.delete_orphans()
+                    await trio.sleep(0.5)
+            assert any(key[2:] in n for n in blob_files())
+            with trio.fail_after(30):  # and the honest one is recorded on chain for its node
+                while coord.store.scalar("SELECT status FROM rollouts WHERE work_key = ?", (key,)) != "recorded":
+                    await trio.sleep(0.5)
+        nursery.cancel_scope.cancel()
+    assert coord.rejected["unsigned"] == 3
