@@ -302,7 +302,7 @@ class Validator:
             if ok:
                 log.info("work %s of node %s verified", key[:12], r["node"])
                 return
-            r["evidence"] = evidence
+            r["evidence"], r["reason"] = evidence, verdict["verdict"]["reason"]
         if r["status"] == "unsigned" and time.monotonic() - self.last_fetch.get(key, -1e9) < self.cfg.refetch_every:
             return
         self.last_fetch[key] = time.monotonic()
