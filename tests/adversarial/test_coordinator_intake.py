@@ -111,3 +111,45 @@ async def test_outsiders_unsigned_and_foreign_signed_submissions_and_orphans(
                     await trio.sleep(0.5)
         nursery.cancel_scope.cancel()
     assert coord.rejected["unsigned"] == 3
+
+
+async def test_a_node_with_invalidated_work_loses_its_untrained_rollouts_and_its_place(
+    chain: World, tmp_path: Path
+) -> None:
+    """The coordinator follows `WorkInvalidated`: the node's rollouts not trained on yet are dropped from
+    training, and with --blacklist-after 1 it is blacklisted on chain (its other accepted work recorded
+    first, to be judged on its own)."""
+    import hashlib
+    import time as _time
+
+    pid = await _pool_with_two_members(chain, tmp_path)
+    cfg = CoordinatorConfig(
+        pool_id=pid, data_dir=tmp_path / "coord", rpc_url=chain.url, deployment=chain.deployment,
+        listen="/ip4/127.0.0.1/tcp/0", eject_after=0, record_every=0.5, blacklist_after=1,
+    )  # fmt: skip
+    coord = Coordinator(cfg, chain.coordinator)
+    keys = ["0x" + hashlib.sha256(b"rollout %d" % i).hexdigest() for i in range(2)]
+    for k in keys:
+        coord.store.execute(
+            "INSERT INTO rollouts(work_key, task_id, node, units, policy_version, proof_commitment, mean_reward, "
+            "accepted_at) VALUES(?, ?, ?, 100, 0, ?, 0.0, ?)",
+            (k, k[:10], chain.node.address, "0x" + "33" * 32, _time.time()),
+        )
+
+    def status(k: str) -> str:
+        return str(coord.store.scalar("SELECT status FROM rollouts WHERE work_key = ?", (k,)))
+
+    async with trio.open_nursery() as nursery, await chain.client(chain.validator) as val:
+        await nursery.start(coord.run)
+        with trio.fail_after(30):
+            while status(keys[0]) != "recorded":
+                await trio.sleep(0.3)
+        await ops.invalidate(val, pid, keys[0], "0x" + "44" * 32)
+        with trio.fail_after(30):
+            while not await val.call("PoolManager", "isBlacklisted", pid, chain.node.address):
+                await trio.sleep(0.3)
+        trained = coord.store.scalar("SELECT trained FROM rollouts WHERE work_key = ?", (keys[1],))
+        member = await val.call("PoolManager", "isMember", pid, chain.node.address)
+        seen = coord.invalidations(chain.node.address)
+        nursery.cancel_scope.cancel()
+    assert trained == -1 and not member and seen == 1

@@ -185,3 +185,20 @@ def test_copied_completions_are_refused_and_honest_repeats_pass(
     distinct = {tuple(s.completion_tokens) for s in g.samples if s.group == 0}
     assert len(distinct) < 8, "the test needs repeated honest completions"
     assert _verdict(v2, g.to_bytes(), hf_prefill)["ok"]
+
+
+def test_a_validator_with_another_model_than_the_spec_refuses_to_start(tmp_path: Path) -> None:
+    """Started with the wrong --model it would find every honest file malformed and slash them all."""
+    import pytest
+
+    from node.chain import ChainError
+
+    uri, digest = write_spec(tmp_path / "spec")
+    for model, ok in (("smollm2", False), ("tiny", True), (None, True)):
+        cfg = ValidatorConfig(1, tmp_path / f"v-{model}", "http://127.0.0.1:1", Deployment(31337, {}, 0), model=model)
+        v = Validator(cfg, Account.create())
+        if ok:
+            assert trio.run(v.load_spec, {"specURI": uri, "specHash": digest, "poolId": 1}) == "tiny"
+        else:
+            with pytest.raises(ChainError, match="is not the model of pool 1"):
+                trio.run(v.load_spec, {"specURI": uri, "specHash": digest, "poolId": 1})

@@ -107,14 +107,19 @@ def test_rollouts_of_an_older_version_are_checked_with_that_version(
     weights of the version that generated it); when those weights are gone it is not trained on at all."""
     from pool.grpo import Trainer
 
-    t = Trainer(tiny_model, lr=5e-2, async_level=1, checks=checks, micro_batch_size=8)
+    t = Trainer(tiny_model, lr=5e-2, async_level=3, checks=checks, micro_batch_size=8)
     first = t.step([_generate(vllm_engine, checks)], 0)
     assert first.verified == first.samples_trained > 0
     late = _generate(vllm_engine, checks, seed=SEED + 3)  # version 0, arriving after the step to 1
     st = t.step([late], 1)
     assert st.rejected == [] and st.verified == st.samples_trained > 0, st
+    # the same file claiming the current version (a worker that skipped the weight update): refused
+    relabeled = RolloutFile(dataclasses.replace(late.header, policy_version=2), late.samples)
+    lie = t.step([relabeled], 2)
+    assert [i for i, _ in lie.rejected] == [0] and lie.samples_trained == 0, lie
+    assert t.steps == 3
     t._history.clear()  # a trainer that lost version 0's weights cannot check the file: it skips it
-    st = t.step([late], 1)
+    st = t.step([late], 3)
     assert st.samples_trained == 0 and st.unverified_dropped > 0, st
 
 
@@ -142,15 +147,20 @@ async def test_the_coordinator_marks_and_reports_what_its_trainer_refused(
     honest = _generate(vllm_engine, checks)
     forged = _handwritten(_generate(vllm_engine, checks, seed=SEED + 2), checks)
     keys = []
-    for i, f in enumerate((honest, forged)):
-        key = coord.blobs.put(f.to_bytes())
+    junk = b"PAR1 not really a rollout file"  # an accepted blob that no longer parses (disk corruption)
+    for i, data in enumerate((junk, honest.to_bytes(), forged.to_bytes())):
+        key = coord.blobs.put(data)
         coord.store.execute(
             "INSERT INTO rollouts(work_key, task_id, node, units, policy_version, proof_commitment, mean_reward, "
             "accepted_at, status) VALUES(?, ?, ?, 1, 0, '0x', 0, ?, 'recorded')",
             (key, f"t{i}", "0x" + "ab" * 20, time.time() + i),
         )
         keys.append(key)
+    assert not await coord.train_step()  # the unreadable one is dropped from training, once: one file short
     assert await coord.train_step()
+    rows = {r["work_key"]: r for r in coord.store.query("SELECT work_key, trained, note FROM rollouts")}
+    assert rows[keys[0]]["trained"] == -1 and "parquet" in rows[keys[0]]["note"]
+    keys = keys[1:]
     rows = {r["work_key"]: r for r in coord.store.query("SELECT work_key, trained, note FROM rollouts")}
     assert rows[keys[0]]["trained"] == 1
     assert rows[keys[1]]["trained"] == -2 and "toploc" in rows[keys[1]]["note"]

@@ -154,15 +154,31 @@ def test_malformed_proof_bytes_in_a_file(vllm_engine, hf_prefill, tools):
     assert v.verdict.reason is Reason.PROOF_MALFORMED and "modulus" in v.verdict.detail
 
 
+CAL = {"prompts": 4, "samples": 2, "max_tokens": 48, "seed": 5}
+
+
+@pytest.fixture(scope="module")
+def calibration_cases(tmp_path_factory):
+    """The calibration cases generated once: per-case figures and the generated records (cached)."""
+    import torch
+
+    from node.calibrate import CalibrationConfig, measure
+
+    cache = tmp_path_factory.mktemp("calibration")
+    per_case = measure(CalibrationConfig("tiny", **CAL), progress=lambda m: None, cache=cache)
+    (records_file,) = cache.glob("*.pt")
+    return per_case, list(torch.load(records_file, weights_only=False))
+
+
 @pytest.mark.slow
-def test_every_tamper_case_is_rejected_and_every_honest_case_accepted():
+def test_every_tamper_case_is_rejected_and_every_honest_case_accepted(calibration_cases):
     """The calibration cases (honest: fp32/bf16, batch 1/8, fp32/bf16 prefill; tampered: other
     weights, 1 % noise, fp8 weights, system prompt, changed prompt token, spliced tokens), freshly
     generated with other prompts than the calibration used, judged by the shipped thresholds."""
-    from node.calibrate import TAMPERED, CalibrationConfig, evaluate, measure
+    from node.calibrate import TAMPERED, evaluate
 
     cal = Calibrated.load("tiny")
-    per_case = measure(CalibrationConfig("tiny", prompts=4, samples=2, max_tokens=48, seed=5), progress=lambda m: None)
+    per_case, _ = calibration_cases
     cases, failures = evaluate(per_case, cal.toploc, cal.sampling)
     assert failures == []
     assert {c.split("@")[0] for c in cases} >= set(TAMPERED)
@@ -173,6 +189,68 @@ def test_every_tamper_case_is_rejected_and_every_honest_case_accepted():
                 assert r["by_toploc"] == r["rollouts"], f"{case}: not all rejected by TOPLOC itself"
         else:
             assert r["rejected"] == 0, case
+
+
+@pytest.mark.slow
+def test_honest_variations_pass_every_check_of_the_validator_and_the_trainer(
+    calibration_cases, tools, tiny_model, hf_prefill
+):
+    """Zero false rejections: the honest calibration files (vLLM fp32 at batch 8 and 1, vLLM bf16) as whole
+    rollout files through every check (terms, bounds, prompts, termination, TOPLOC, sampling, the
+    temperature test, repeats, rewards), judged by the validator's fp32 and bf16 prefills and by the
+    trainer's own old-log-prob forward pass."""
+    import torch
+
+    from node.calibrate import HONEST
+    from node.inference.engine import Completion, HfPrefill
+    from node.rollout.intake import check_bounds, check_terms
+    from pool.grpo import Trainer, _Item
+
+    _, records = calibration_cases
+    env = tools["env"]
+    problems = env.problems(CAL["seed"], CAL["prompts"])
+    sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": CAL["max_tokens"]}
+    header = RolloutHeader(1, "0x" + "ab" * 20, 0, "math", CAL["seed"], sampling, "tiny")
+    trainer = Trainer(tiny_model, lr=0.0)
+
+    def trainer_prefill(prompt, completion):
+        s = RolloutSample(0, 0, "", prompt, completion, [0.0] * len(completion), 0.0, "length", [])
+        it = _Item(s, 1.0, 1.0)
+        with torch.no_grad():
+            _, logits, hidden = trainer._forward(trainer.model, trainer._batch([it]), capture=True)
+        rows = trainer._completion_rows
+        return rows(hidden, 0, it).float(), torch.log_softmax(rows(logits, 0, it).float(), dim=-1)
+
+    def via(prefill):
+        def fn(prompt, completion):
+            x = prefill.prefill(prompt, completion)
+            return x.hidden, x.logprobs
+
+        return fn
+
+    prefills = {
+        "hf_fp32": via(hf_prefill),
+        "hf_bf16": via(HfPrefill(tiny_model, dtype="bfloat16")),
+        "trainer": trainer_prefill,
+    }
+    files = 0
+    for job in HONEST:
+        groups: dict[int, list] = {}
+        for r in records:
+            if r["job"] == job:
+                groups.setdefault(r["group"], []).append(
+                    Completion(r["prompt"], r["tokens"], r["logprobs"], r["finish"], r["hidden"])
+                )
+        f = build_rollout_file(header, problems, [groups[i] for i in range(len(problems))], env=env,
+                               decode=tools["decode"])  # fmt: skip
+        f = RolloutFile.from_bytes(f.to_bytes())
+        assert check_terms(f.header, pool_id=1, env="math", model="tiny", sampling=sampling) is None
+        assert check_bounds(f, vocab_size=hf_prefill.vocab_size, max_tokens=CAL["max_tokens"]) is None
+        for name, fn in prefills.items():
+            v = verify_file(f, fn, checks_for(f, tools, hf_prefill.vocab_size))
+            assert v.ok, (job, name, v.to_dict()["verdict"])
+        files += 1
+    assert files == len(HONEST) == 3
 
 
 def test_rollout_verify_command(vllm_engine, tools, tmp_path, capsys):
