@@ -355,6 +355,8 @@ class Trainer:
             info["files"] += 1
             temp = float(f.header.sampling.get("temperature", 1.0)) or 1.0  # greedy rollouts: plain logits
             for s in f.samples:
+                if not math.isfinite(s.reward):  # never a NaN advantage (the checks refuse the file too)
+                    continue
                 samples.append(s)
                 temps.append(temp)
                 versions.append(v)

@@ -132,6 +132,10 @@ def test_hostile_files_end_as_verdicts_never_as_exceptions(
         "0xff proofs": _with(f, 2, proofs=[b"\xff" * PROOF_BYTES] * len(f.samples[2].proofs)),
     }
     del attacks["negative token id"]  # the file format cannot carry one (int32 >= 0 is checked on read)
+    # rewards the task does not give, all different: every group has a signal, so the trainer looks at it
+    attacks["reward lies"] = dataclasses.replace(
+        f, samples=[dataclasses.replace(s, reward=0.1 * i) for i, s in enumerate(f.samples)]
+    ).to_bytes()
     for name, data in attacks.items():
         started = time.monotonic()
         verdict = _verdict(v, data, hf_prefill)
@@ -139,6 +143,23 @@ def test_hostile_files_end_as_verdicts_never_as_exceptions(
         assert not verdict["ok"], f"{name}: accepted"
         assert verdict["verdict"]["reason"], name
         assert took < 60, f"{name}: {took:.0f} s"
+
+    # the trainer (with the pool's checks) takes every one that parses without raising, and trains on none
+    from node.verify import pool_checks
+    from pool.grpo import Trainer
+
+    assert v.spec is not None and v.calibrated is not None
+    trainer = Trainer(tiny_model, lr=1e-3, async_level=0, checks=pool_checks(v.spec, v.tools, v.calibrated))
+    looked = 0
+    for name, data in attacks.items():
+        try:
+            g = RolloutFile.from_bytes(data)
+        except Exception:
+            continue
+        st = trainer.step([g], 0)
+        assert st.samples_trained == 0, f"{name}: trained on {st.samples_trained} samples"
+        looked += bool(st.rejected)
+    assert looked >= 1  # the reward lies reached the checks (an inf reward never makes an advantage)
 
 
 def test_copied_completions_are_refused_and_honest_repeats_pass(
