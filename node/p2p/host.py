@@ -17,6 +17,7 @@ py-libp2p 0.8.1 facts this module works around (see shared/TOOLCHAIN.md):
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import os
 import struct
@@ -34,12 +35,13 @@ import trio
 from eth_keys import keys as eth_keys_mod
 from eth_utils import to_checksum_address
 from libp2p import new_host
-from libp2p.abc import IHost, INetStream
+from libp2p.abc import IHost, IMuxedConn, INetStream
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.secp256k1 import Secp256k1PublicKey, create_new_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.kad_dht.routing_table import gen_random_key_in_bucket
+from libp2p.network import swarm as _swarm_module
 from libp2p.network.config import ConnectionConfig
 from libp2p.network.exceptions import SwarmException
 from libp2p.peer import peerstore as _peerstore_module
@@ -160,6 +162,48 @@ async def _batched_window_update(self: Any, *, bytes_read: int = 0) -> None:
 
 if "PY_YAMUX_PARTIAL_SLACK" not in os.environ:  # an explicit setting keeps the library's behaviour
     _yamux_module.YamuxStream._auto_tune_and_send_window_update = _batched_window_update  # type: ignore[method-assign]
+
+# Inbound connection slots. py-libp2p 0.8.1's swarm takes a slot of its inbound limiter (max_connections -
+# min_connections = 250) for every accepted connection and holds it, together with the handler task and the
+# raw socket object, until the whole swarm stops (`await self.manager.wait_finished()` after the upgrade),
+# not until the connection closes: after 250 connections in total, over any time, every new peer is
+# refused until a restart. Here the handler ends when its connection does. Patched for this version only
+# (a newer one may fix it differently); INTELLECT_LIBP2P_UNPATCHED=1 keeps the library's code (tests show
+# the difference).
+_PATCHED_LIBP2P = "0.8.1"
+_libp2p_version = importlib.metadata.version("libp2p")
+_original_inbound = _swarm_module.Swarm._do_handle_inbound_connection
+
+
+async def _inbound_until_closed(self: Any, read_write_closer: Any, maddr: Any, failure_event: Any) -> None:
+    """`Swarm._do_handle_inbound_connection` of 0.8.1 for stream transports (TCP), returning once the
+    upgraded connection has closed, so `_handle_inbound_connection` gives its slot back."""
+    if isinstance(read_write_closer, IMuxedConn):  # already multiplexed (QUIC): the library's own path
+        await _original_inbound(self, read_write_closer, maddr, failure_event)
+        return
+    remote = self._build_remote_multiaddr(read_write_closer)
+    if remote is not None and not await self.connection_gate.is_allowed(remote):
+        with suppress(Exception):
+            await read_write_closer.close()
+        return
+    raw_conn = _swarm_module.RawConnection(read_write_closer, False)
+    try:
+        muxed = await self.upgrade_inbound_raw_conn(raw_conn, maddr)
+    except Exception as exc:
+        logger.debug("inbound connection from %s failed its upgrade: %r", remote, exc)
+        with suppress(Exception):
+            await raw_conn.close()
+        return
+    closed = getattr(muxed, "event_closed", None)
+    if isinstance(closed, trio.Event):
+        await closed.wait()
+    else:  # another muxer: poll its state
+        while not muxed.is_closed:
+            await trio.sleep(1.0)
+
+
+if _libp2p_version == _PATCHED_LIBP2P and not os.environ.get("INTELLECT_LIBP2P_UNPATCHED"):
+    _swarm_module.Swarm._do_handle_inbound_connection = _inbound_until_closed  # type: ignore[method-assign]
 
 # Signed peer records ride on every pubsub RPC.  py-libp2p rebuilds ours per RPC *sent* (re-parsing our
 # listen multiaddrs from strings: ~0.3 ms a message) and re-verifies the sender's per RPC *received*,

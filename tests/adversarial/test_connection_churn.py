@@ -1,0 +1,69 @@
+"""Connection churn against a real libp2p host on 127.0.0.1: hundreds of connect/close cycles from fresh
+identities (each a new libp2p host with a new key: an attacker, or workers restarting). py-libp2p 0.8.1
+kept an inbound slot, a handler task and the socket object of every connection until the host stopped,
+so after 250 connections in total every new peer was refused. With `node.p2p.host`'s patch the slots come
+back as connections close and a new honest peer is served. (Run with INTELLECT_LIBP2P_UNPATCHED=1 to see
+the library's behaviour: the last step fails.)"""
+
+from __future__ import annotations
+
+import time
+
+import multiaddr
+import trio
+from eth_account import Account
+from libp2p import new_host
+from libp2p.crypto.secp256k1 import create_new_key_pair
+from libp2p.peer.peerinfo import info_from_p2p_addr
+
+from node.p2p.host import P2PNode
+
+CYCLES = 1000  # four times the library's 250 inbound slots
+DIALERS = 20  # fresh identities dialing at once, each connect / close / next identity
+
+
+async def _fresh_peer_cycle(addr: str) -> None:
+    host = new_host(key_pair=create_new_key_pair(), muxer_preference="YAMUX")
+    async with host.run(listen_addrs=[]):
+        info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
+        with trio.fail_after(20):
+            await host.connect(info)
+        await host.disconnect(info.peer_id)
+
+
+async def test_inbound_slots_come_back_after_hundreds_of_fresh_peers() -> None:
+    async with P2PNode(private_key=bytes(Account.create().key), listen="/ip4/127.0.0.1/tcp/0") as server:
+
+        async def echo(request: bytes, sender: str) -> bytes:
+            return b"served " + request
+
+        server.set_handler("/intellect/test-echo/1", echo)
+        addr = server.listen_addrs[0]
+        limiter = server._host.get_network()._inbound_limiter  # type: ignore[union-attr]
+        failures = 0
+        started = time.monotonic()
+
+        async def dialer(n: int) -> None:
+            nonlocal failures
+            for _ in range(n):
+                try:
+                    await _fresh_peer_cycle(addr)
+                except Exception:
+                    failures += 1
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(DIALERS):
+                nursery.start_soon(dialer, CYCLES // DIALERS)
+        took = time.monotonic() - started
+        with trio.fail_after(20):  # every closed connection gives its slot back
+            while limiter.borrowed_tokens > 0:
+                await trio.sleep(0.1)
+        print(
+            f"\n[churn] {CYCLES} fresh peers in {took:.1f} s, {failures} failed; slots in use {limiter.borrowed_tokens}"
+        )
+        assert failures == 0
+
+        async with P2PNode(private_key=bytes(Account.create().key), listen="/ip4/127.0.0.1/tcp/0") as honest:
+            with trio.fail_after(20):
+                await honest.connect(addr)
+                assert await honest.request(addr, "/intellect/test-echo/1", b"hello", timeout=10) == b"served hello"
