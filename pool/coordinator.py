@@ -49,6 +49,9 @@ from node.weights.server import WeightStore, serve_weights
 
 log = logging.getLogger("intellect.coordinator")
 
+REJECTION_DETAIL = 300  # characters of a refusal's detail kept (and sent back)
+MAX_REJECTIONS = 10_000  # newest refusals kept in the state file
+REJECTION_LOG_EVERY = 10.0  # seconds between log lines about one sender's refusals
 OUTSIDER_COOLDOWN = 10.0  # seconds between chain reads (and invites) for one sender that is no member
 
 SCHEMA = """
@@ -160,6 +163,7 @@ class Coordinator:
         self.tools: ModelTools | None = None
         self.checks: Any = None  # node.verify.FileChecks for the trainer (set when training)
         self._recording = trio.Lock()
+        self._rejection_logged: dict[str, float] = {}
         self.chain: ChainClient | None = None
         self.membership: ChainMembership | None = None
         self.net: PoolNetwork | None = None
@@ -498,12 +502,26 @@ class Coordinator:
         return int(untrained or 0) + int(open_tasks or 0)
 
     def _reject(self, sender: str, reason: str, detail: str) -> bytes:
+        """Count a refused submission and keep a bounded record of it: the sender's text is cut to
+        `REJECTION_DETAIL` characters, the table to the newest `MAX_REJECTIONS` rows, and one sender gets
+        a log line at most every `REJECTION_LOG_EVERY` seconds (a member that spams refusals costs us
+        neither disk nor log)."""
         self.rejected[reason] += 1
         self._count("rollouts_rejected", reason=reason)
-        self.store.execute(
-            "INSERT INTO rejections(at, node, reason, detail) VALUES(?, ?, ?, ?)", (time.time(), sender, reason, detail)
-        )
-        log.info("rejected a rollout from %s: %s (%s)", sender, reason, detail)
+        detail = detail[:REJECTION_DETAIL]
+        self.store.execute_many(
+            [
+                ("INSERT INTO rejections(at, node, reason, detail) VALUES(?, ?, ?, ?)",
+                 (time.time(), sender, reason, detail)),
+                ("DELETE FROM rejections WHERE rowid <= (SELECT MAX(rowid) FROM rejections) - ?", (MAX_REJECTIONS,)),
+            ]
+        )  # fmt: skip
+        now = time.monotonic()
+        if now - self._rejection_logged.get(sender, -1e9) >= REJECTION_LOG_EVERY:
+            self._rejection_logged[sender] = now
+            if len(self._rejection_logged) > 10_000:
+                self._rejection_logged.pop(next(iter(self._rejection_logged)))
+            log.info("rejected a rollout from %s: %s (%s)", sender, reason, detail)
         return protocol.refuse(f"rollout rejected: {reason}: {detail}")
 
     def claim(self, key: str) -> RolloutClaim:

@@ -281,7 +281,8 @@ def serve_blobs(
 
     node.set_handler(BLOB_PROTOCOL, on_blob)
     if accept_uploads:
-        node.set_handler(UPLOAD_PROTOCOL, on_upload)
+        # one chunk per request (uploaders send DEFAULT_CHUNK), with room for its key and offsets
+        node.set_handler(UPLOAD_PROTOCOL, on_upload, max_request=DEFAULT_CHUNK + 4096)
 
 
 def _unpack_pair(body: bytes, what: str) -> list[Any]:

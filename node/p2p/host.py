@@ -71,6 +71,9 @@ Handler = Callable[[bytes, str], Awaitable[bytes]]
 OUTBOUND_QUEUE_SIZE = 4096
 DEFAULT_MAX_MESSAGE = 1 << 20
 DEFAULT_MAX_REQUEST = 4 << 20
+SMALL_REQUEST = 64 << 10  # what invite, task, submit and signature requests may weigh (they are a few hundred bytes)
+REQUEST_READ_TIMEOUT = 10.0  # seconds for a whole request to arrive
+MAX_STREAMS_PER_PEER = 16  # requests in progress per peer, all protocols together
 DEFAULT_MAX_RESPONSE = 16 << 20
 SUBSCRIPTION_BUFFER = 4096
 # Realistic per-peer, per-topic spam limit (msg/s); the library default of 10 starves honest bursts.
@@ -432,6 +435,7 @@ class P2PNode:
         self._subs: dict[str, list[trio.MemorySendChannel[tuple[bytes, str]]]] = {}
         self._joined: set[str] = set()
         self._handlers: dict[str, Handler] = {}
+        self._streams_in_progress: defaultdict[str, int] = defaultdict(int)
         self._publish_times: deque[float] = deque(maxlen=10_000)
         self._stack: AsyncExitStack | None = None
         self._nursery: trio.Nursery | None = None
@@ -928,16 +932,43 @@ class P2PNode:
 
     # ------------------------------------------------------------------ request-response
 
-    def set_handler(self, protocol_id: str, handler: Handler, *, timeout: float = 30.0) -> None:
-        """Serve ``protocol_id``: one length-prefixed request in, one status byte + frame out."""
+    def set_handler(
+        self,
+        protocol_id: str,
+        handler: Handler,
+        *,
+        timeout: float = 30.0,
+        max_request: int = SMALL_REQUEST,
+        read_timeout: float = REQUEST_READ_TIMEOUT,
+    ) -> None:
+        """Serve ``protocol_id``: one length-prefixed request in, one status byte + frame out.
+
+        A request larger than ``max_request`` is refused from its length prefix, before its body is read
+        (nothing is buffered for it); the whole request must arrive within ``read_timeout`` (a slow
+        sender holds no stream for long); ``timeout`` bounds request, handler and reply together. One
+        peer may have at most ``MAX_STREAMS_PER_PEER`` requests in progress on this node at once."""
         self._handlers[protocol_id] = handler
+        limit = min(max_request, self.max_request_size)
 
         async def on_stream(stream: INetStream) -> None:
             sender = _safe_address(stream.muxed_conn.peer_id)
+            if self._streams_in_progress[sender] >= MAX_STREAMS_PER_PEER:
+                await _reset(stream)
+                return
+            self._streams_in_progress[sender] += 1
+            try:
+                await serve(stream, sender)
+            finally:
+                self._streams_in_progress[sender] -= 1
+                if self._streams_in_progress[sender] <= 0:
+                    del self._streams_in_progress[sender]
+
+        async def serve(stream: INetStream, sender: str) -> None:
             try:
                 with trio.fail_after(timeout):
                     try:
-                        request = await _read_frame(stream, self.max_request_size)
+                        with trio.fail_after(read_timeout):
+                            request = await _read_frame(stream, limit)
                     except P2PError as exc:
                         await stream.write(bytes([_STATUS_ERR]) + _frame(str(exc).encode()))
                         return

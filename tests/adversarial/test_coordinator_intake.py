@@ -26,6 +26,25 @@ from tests.conftest import World
 from tests.integration.test_coordinator import _pool_with_two_members
 
 
+def _state_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+async def _many(net: PoolNetwork, peer: str, body: bytes, n: int, at_once: int = 8) -> None:
+    """`n` submit requests with `body`, `at_once` in flight; answers (refusals) are not looked at."""
+
+    async def some(k: int) -> None:
+        for _ in range(k):
+            with contextlib.suppress(P2PError):
+                await net.node.request(peer, protocol.SUBMIT_PROTOCOL, body, timeout=20)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(at_once):
+            nursery.start_soon(some, n // at_once)
+        if n % at_once:
+            nursery.start_soon(some, n % at_once)
+
+
 def _file_for(task: protocol.Task, node: str, engine: Any, tools: Any) -> bytes:
     from node.inference.engine import SamplingSpec
 
@@ -75,6 +94,12 @@ async def test_outsiders_unsigned_and_foreign_signed_submissions_and_orphans(
                 with contextlib.suppress(P2PError):
                     await upload_blob(out.node, peer, os.urandom(5000))
             assert blob_files() == []
+            # 2,000 submits with 60 KiB task ids: refused before anything is written
+            state_before = _state_bytes(cfg.data_dir)
+            junk_submit = protocol.pack({"work_key": "0x" + "ab" * 32, "task_id": "t" * 60_000, "signature": None})
+            await _many(out, peer, junk_submit, 2000)
+            assert _state_bytes(cfg.data_dir) - state_before < 256 * 1024
+            assert coord.store.scalar("SELECT COUNT(*) FROM rejections") == 0
 
         async with await net_of(chain.node) as net:
             await net.connect(peer)
@@ -82,6 +107,17 @@ async def test_outsiders_unsigned_and_foreign_signed_submissions_and_orphans(
             async def ask(proto: str, body: dict[str, Any]) -> dict[str, Any]:
                 raw = await net.node.request(peer, proto, protocol.pack(body), timeout=30)
                 return protocol.unpack(raw, "reply")
+
+            # a member's refused submits are counted, with bounded records
+            state_before = _state_bytes(cfg.data_dir)
+            junk_submit = protocol.pack({"work_key": "0x" + "cd" * 32, "task_id": "t" * 60_000, "signature": None})
+            await _many(net, peer, junk_submit, 500)
+            assert coord.rejected["unknown-task"] == 500
+            # 500 x 60 KiB would be 30 MB; what grows is sqlite's write-ahead log, up to its 4 MB checkpoint
+            assert _state_bytes(cfg.data_dir) - state_before < 5 * 1024 * 1024
+            assert coord.store.scalar("SELECT SUM(LENGTH(detail)) FROM rejections") <= 500 * 300
+            longest = coord.store.scalar("SELECT MAX(LENGTH(detail)) FROM rejections")
+            assert longest is not None and longest <= 300
 
             task = protocol.Task.from_wire((await ask(protocol.TASK_PROTOCOL, {}))["task"])
             data = _file_for(task, chain.node.address, vllm_engine, coord.tools)
@@ -110,7 +146,7 @@ async def test_outsiders_unsigned_and_foreign_signed_submissions_and_orphans(
                 while coord.store.scalar("SELECT status FROM rollouts WHERE work_key = ?", (key,)) != "recorded":
                     await trio.sleep(0.5)
         nursery.cancel_scope.cancel()
-    assert coord.rejected["unsigned"] == 3
+    assert coord.rejected["unsigned"] == 3 and coord.rejected["unknown-task"] == 500
 
 
 async def test_a_node_with_invalidated_work_loses_its_untrained_rollouts_and_its_place(
@@ -153,3 +189,21 @@ async def test_a_node_with_invalidated_work_loses_its_untrained_rollouts_and_its
         seen = coord.invalidations(chain.node.address)
         nursery.cancel_scope.cancel()
     assert trained == -1 and not member and seen == 1
+
+
+def test_refusal_records_are_bounded(tmp_path: Path, monkeypatch: Any) -> None:
+    from eth_account import Account
+
+    import pool.coordinator as coordinator_module
+    from node.chain.deployment import Deployment
+
+    monkeypatch.setattr(coordinator_module, "MAX_REJECTIONS", 5)
+    coord = Coordinator(
+        CoordinatorConfig(1, tmp_path, "http://127.0.0.1:1", Deployment(31337, {}, 0)), Account.create()
+    )
+    for i in range(40):
+        reply = protocol.unpack(coord._reject("0x" + "ab" * 20, "unknown-task", f"task {'x' * 5000} {i}"), "r")
+        assert len(reply["error"]) < 400
+    assert coord.rejected["unknown-task"] == 40
+    assert coord.store.scalar("SELECT COUNT(*) FROM rejections") <= 6
+    assert coord.store.scalar("SELECT MAX(LENGTH(detail)) FROM rejections") == coordinator_module.REJECTION_DETAIL

@@ -419,7 +419,7 @@ async def test_yamux_credit_goes_back_in_batches_not_per_message(monkeypatch: py
         async def echo_len(data: bytes, sender: str) -> bytes:
             return struct.pack(">I", len(data)) + data[-16:]
 
-        b.set_handler("/test/bulk/1", echo_len)
+        b.set_handler("/test/bulk/1", echo_len, max_request=len(big))
         with trio.fail_after(30):
             reply = await a.request(b.peer_id, "/test/bulk/1", big, timeout=30)
         assert reply == struct.pack(">I", len(big)) + big[-16:]
