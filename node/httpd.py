@@ -2,12 +2,13 @@
 (`node.weights.server`): trio listeners, h11 event reading, and an accept loop with a cap on concurrent
 connections. Each server brings its own per-connection handler (routing, limits, bodies).
 
-Over the cap, a connection gets a short 503 and is closed; the refusals themselves are bounded (at
+Over the cap (or over the per-address cap), a connection gets a short 503 and is closed; the refusals themselves are bounded (at
 most as many in flight as the cap), so a flood of connections costs a bounded amount of work.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -38,6 +39,22 @@ async def _open_listeners(host: str, port: int) -> tuple[list[trio.SocketListene
     return listeners, int(listeners[0].socket.getsockname()[1])
 
 
+async def read_request(
+    stream: trio.SocketStream, conn: h11.Connection, head_timeout: float, idle_timeout: float | None = None
+) -> Any:
+    """The next request head (an `h11.Request`, or whatever else comes instead): its first bytes within
+    `idle_timeout` (a keep-alive connection may idle that long between requests), the rest within
+    `head_timeout` seconds *in all* (`trio.TooSlowError` after that): a client that trickles one byte at
+    a time cannot hold a connection for longer, whatever the per-read timeout."""
+    ev = conn.next_event()
+    if ev is not h11.NEED_DATA:
+        return ev
+    with trio.fail_after(idle_timeout) if idle_timeout is not None else contextlib.nullcontext():
+        conn.receive_data(await stream.receive_some(RECV_BYTES))
+    with trio.fail_after(head_timeout):
+        return await next_event(stream, conn, idle_timeout)
+
+
 async def next_event(
     stream: trio.SocketStream, conn: h11.Connection, idle_timeout: float | None = None, recv_bytes: int = RECV_BYTES
 ) -> Any:
@@ -64,6 +81,13 @@ async def _refuse(stream: trio.SocketStream) -> None:
         await trio.aclose_forcefully(stream)
 
 
+def peer_ip(stream: trio.SocketStream) -> str:
+    try:
+        return str(stream.socket.getpeername()[0])
+    except (OSError, IndexError):
+        return ""
+
+
 async def serve(
     host: str,
     port: int,
@@ -71,22 +95,32 @@ async def serve(
     *,
     max_connections: int,
     what: str,
+    max_per_ip: int | None = None,
+    trusted: Callable[[], Any] | None = None,
+    reserved: int = 0,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen on `host:port` (port 0: a free one) and accept until cancelled; each connection runs
-    `handle(stream)` (which closes the stream) in its own task, at most `max_connections` at once. The
-    bound port is reported with `task_status.started(port)` once accepting. The listeners are closed on
-    exit."""
+    `handle(stream)` (which closes the stream) in its own task, at most `max_connections` at once and at
+    most `max_per_ip` from one address (default: a quarter of them), so one host cannot take every slot.
+    Addresses in `trusted()` (known relays) have no per-address cap and `reserved` slots beyond
+    `max_connections` that nobody else can take. The bound port is reported with
+    `task_status.started(port)` once accepting. The listeners are closed on exit."""
     listeners, bound = await _open_listeners(host, port)
+    per_ip_cap = max_per_ip if max_per_ip is not None else max(1, max_connections // 4)
     used = 0
     refusing = 0
+    per_ip: dict[str, int] = {}
 
-    async def run(stream: trio.SocketStream) -> None:
+    async def run(stream: trio.SocketStream, ip: str) -> None:
         nonlocal used
         try:
             await handle(stream)
         finally:
             used -= 1
+            per_ip[ip] -= 1
+            if per_ip[ip] <= 0:
+                del per_ip[ip]
 
     async def refuse(stream: trio.SocketStream) -> None:
         nonlocal refusing
@@ -104,7 +138,10 @@ async def serve(
                 log.warning("%s accept failed: %s", what, exc)
                 await trio.sleep(0.1)
                 continue
-            if used >= max_connections:
+            ip = peer_ip(stream)
+            known = trusted is not None and ip in trusted()
+            full = used >= max_connections + (reserved if known else 0)
+            if full or (not known and per_ip.get(ip, 0) >= per_ip_cap):
                 if refusing >= max_connections:  # even the refusals are bounded
                     await trio.aclose_forcefully(stream)
                     continue
@@ -112,7 +149,8 @@ async def serve(
                 nursery.start_soon(refuse, stream)
                 continue
             used += 1
-            nursery.start_soon(run, stream)
+            per_ip[ip] = per_ip.get(ip, 0) + 1
+            nursery.start_soon(run, stream, ip)
 
     try:
         async with trio.open_nursery() as nursery:

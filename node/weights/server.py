@@ -50,6 +50,8 @@ MAX_HEAD_BYTES = 8 * 1024
 MAX_CONNECTIONS = 256
 MAX_REQUESTS_PER_CONNECTION = 10_000
 IDLE_TIMEOUT = 30.0  # waiting for (the rest of) a request head
+HEAD_TIMEOUT = 10.0  # for a whole request head, once its first byte may come (slowloris)
+RELAY_RESERVED = 32  # connection slots only known relays may take
 SEND_STALL_TIMEOUT = 30.0  # one chunk not accepted by the peer for this long: drop the connection
 SHARD_WAIT = 60.0  # a relay waits this long for a shard still being fetched before answering 503
 SEND_CHUNK = 128 * 1024
@@ -375,13 +377,6 @@ async def _respond(
     await _send_json(stream, conn, 404, {"error": "not found"})
 
 
-def _peer_host(stream: trio.SocketStream) -> str:
-    try:
-        return str(stream.socket.getpeername()[0])
-    except (OSError, IndexError):
-        return ""
-
-
 async def _serve_connection(
     stream: trio.SocketStream,
     store: WeightStore,
@@ -390,11 +385,11 @@ async def _serve_connection(
     relay_hosts: Callable[[], Collection[str]] | None = None,
 ) -> None:
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
-    peer = _peer_host(stream) if relay_hosts is not None else ""
+    peer = httpd.peer_ip(stream) if relay_hosts is not None else ""
     try:
         for _ in range(MAX_REQUESTS_PER_CONNECTION):
             try:
-                ev = await httpd.next_event(stream, conn, IDLE_TIMEOUT)
+                ev = await httpd.read_request(stream, conn, HEAD_TIMEOUT, IDLE_TIMEOUT)
                 if not isinstance(ev, h11.Request):
                     return
                 while True:  # GET requests: any body is read and discarded, bounded
@@ -446,8 +441,9 @@ async def serve_weights(
         await _serve_connection(stream, store, limiter, shard_wait, relay_hosts)
 
     await httpd.serve(
-        host, port, handle, max_connections=max_connections, what="weights server", task_status=task_status
-    )
+        host, port, handle, max_connections=max_connections, what="weights server",
+        trusted=relay_hosts, reserved=RELAY_RESERVED if relay_hosts is not None else 0, task_status=task_status,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------- relay

@@ -1,0 +1,80 @@
+"""Slowloris against the HTTP servers (the weight origin and the metrics endpoint, real sockets on the
+loopback): 256 connections from one address that send a request head one byte at a time. One address
+gets at most a quarter of the slots, and a head that is not complete within its deadline loses its
+connection; an honest client from another address is served all along."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from node.metrics import Metrics, serve_http
+from node.weights.server import HEAD_TIMEOUT, MAX_CONNECTIONS, WeightStore, serve_weights
+
+ATTACKER_IP = "127.0.0.2"  # the whole 127/8 is loopback on Linux: a second address to attack from
+
+
+async def _slow_sockets(port: int, n: int) -> list[trio.SocketStream]:
+    out = []
+    for _ in range(n):
+        sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        await sock.bind((ATTACKER_IP, 0))
+        await sock.connect(("127.0.0.1", port))
+        out.append(trio.SocketStream(sock))
+    return out
+
+
+async def _trickle(streams: list[trio.SocketStream], seconds: float) -> int:
+    """One byte of a request head per socket every second; returns how many sockets still took bytes."""
+    head = b"GET /versions HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"a" * 200
+    alive = set(range(len(streams)))
+    for i in range(int(seconds)):
+        for k in list(alive):
+            try:
+                await streams[k].send_all(head[i : i + 1])
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                alive.discard(k)
+        await trio.sleep(1.0)
+    return len(alive)
+
+
+def _honest_get(url: str) -> int:
+    with httpx.Client(timeout=5.0) as c:
+        return c.get(url).status_code
+
+
+@pytest.mark.parametrize("server", ["weights", "metrics"])
+async def test_slowloris_leaves_honest_clients_served(tmp_path: Path, server: str) -> None:
+    async with trio.open_nursery() as nursery:
+        if server == "weights":
+            port = await nursery.start(serve_weights, WeightStore(tmp_path / "w"), "127.0.0.1", 0)
+            url, cap = f"http://127.0.0.1:{port}/versions", MAX_CONNECTIONS
+        else:
+            port = await nursery.start(serve_http, Metrics("worker"), "127.0.0.1", 0)
+            url, cap = f"http://127.0.0.1:{port}/metrics", 64
+        streams = await _slow_sockets(port, 256)
+        t0 = time.monotonic()
+        async with trio.open_nursery() as attack:
+            result: list[int] = []
+
+            async def run() -> None:
+                result.append(await _trickle(streams, HEAD_TIMEOUT + 6))
+
+            attack.start_soon(run)
+            await trio.sleep(1.0)
+            for _ in range(3):  # an honest client on 127.0.0.1 is served while the attack holds its slots
+                assert await trio.to_thread.run_sync(_honest_get, url) == 200
+                await trio.sleep(1.0)
+        took = time.monotonic() - t0
+        print(f"\n[slowloris/{server}] {result[0]} of 256 slow sockets still open after {took:.0f} s")
+        assert result[0] == 0  # every one was cut off: over the per-address cap at once, the rest at the deadline
+        assert await trio.to_thread.run_sync(_honest_get, url) == 200
+        for s in streams:
+            await trio.aclose_forcefully(s)
+        nursery.cancel_scope.cancel()
+    assert cap // 4 < 256
