@@ -172,10 +172,13 @@ if "PY_YAMUX_PARTIAL_SLACK" not in os.environ:  # an explicit setting keeps the 
 # not until the connection closes: after 250 connections in total, over any time, every new peer is
 # refused until a restart. Here the handler ends when its connection does. Patched for this version only
 # (a newer one may fix it differently); INTELLECT_LIBP2P_UNPATCHED=1 keeps the library's code (tests show
-# the difference).
+# the difference). The same handler caps the inbound connections from one IP address.
 _PATCHED_LIBP2P = "0.8.1"
 _libp2p_version = importlib.metadata.version("libp2p")
 _original_inbound = _swarm_module.Swarm._do_handle_inbound_connection
+# Inbound connections (in their handshake or open) from one IP address, of the library's 250 slots.
+MAX_INBOUND_PER_IP = 64
+_inbound_per_ip: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
 
 
 async def _inbound_until_closed(self: Any, read_write_closer: Any, maddr: Any, failure_event: Any) -> None:
@@ -189,20 +192,42 @@ async def _inbound_until_closed(self: Any, read_write_closer: Any, maddr: Any, f
         with suppress(Exception):
             await read_write_closer.close()
         return
-    raw_conn = _swarm_module.RawConnection(read_write_closer, False)
-    try:
-        muxed = await self.upgrade_inbound_raw_conn(raw_conn, maddr)
-    except Exception as exc:
-        logger.debug("inbound connection from %s failed its upgrade: %r", remote, exc)
+    ip = _ip_of(remote)
+    counts = _inbound_per_ip.setdefault(self, {})
+    if counts.get(ip, 0) >= MAX_INBOUND_PER_IP:  # one host (or one NAT) cannot take every inbound slot
+        logger.debug("inbound connection from %s refused: %d already open from that address", remote, counts[ip])
         with suppress(Exception):
-            await raw_conn.close()
+            await read_write_closer.close()
         return
-    closed = getattr(muxed, "event_closed", None)
-    if isinstance(closed, trio.Event):
-        await closed.wait()
-    else:  # another muxer: poll its state
-        while not muxed.is_closed:
-            await trio.sleep(1.0)
+    counts[ip] = counts.get(ip, 0) + 1
+    try:
+        raw_conn = _swarm_module.RawConnection(read_write_closer, False)
+        try:
+            muxed = await self.upgrade_inbound_raw_conn(raw_conn, maddr)
+        except Exception as exc:
+            logger.debug("inbound connection from %s failed its upgrade: %r", remote, exc)
+            with suppress(Exception):
+                await raw_conn.close()
+            return
+        closed = getattr(muxed, "event_closed", None)
+        if isinstance(closed, trio.Event):
+            await closed.wait()
+        else:  # another muxer: poll its state
+            while not muxed.is_closed:
+                await trio.sleep(1.0)
+    finally:
+        counts[ip] -= 1
+        if counts[ip] <= 0:
+            del counts[ip]
+
+
+def _ip_of(remote: Any) -> str:
+    for proto in ("ip4", "ip6"):
+        with suppress(Exception):
+            value = remote.value_for_protocol(proto)
+            if value:
+                return str(value)
+    return ""
 
 
 if _libp2p_version == _PATCHED_LIBP2P and not os.environ.get("INTELLECT_LIBP2P_UNPATCHED"):

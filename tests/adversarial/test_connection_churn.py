@@ -67,3 +67,40 @@ async def test_inbound_slots_come_back_after_hundreds_of_fresh_peers() -> None:
             with trio.fail_after(20):
                 await honest.connect(addr)
                 assert await honest.request(addr, "/intellect/test-echo/1", b"hello", timeout=10) == b"served hello"
+
+
+async def test_a_connection_flood_from_one_address_leaves_room_for_others() -> None:
+    """300 TCP connections from 127.0.0.2 that never finish their handshake (each would hold an inbound
+    slot for the 10 s upgrade timeout: the library has 250) are capped at `MAX_INBOUND_PER_IP`; an honest
+    peer from 127.0.0.1 connects and is served meanwhile."""
+    import socket
+
+    from node.p2p.host import MAX_INBOUND_PER_IP
+
+    async with P2PNode(private_key=bytes(Account.create().key), listen="/ip4/127.0.0.1/tcp/0") as server:
+
+        async def echo(request: bytes, sender: str) -> bytes:
+            return b"served " + request
+
+        server.set_handler("/intellect/test-echo/1", echo)
+        addr = server.listen_addrs[0]
+        port = int(addr.split("/tcp/")[1].split("/")[0])
+        held = []
+        for _ in range(300):
+            sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            await sock.bind(("127.0.0.2", 0))
+            try:
+                await sock.connect(("127.0.0.1", port))
+            except OSError:
+                sock.close()
+                continue
+            held.append(sock)
+        await trio.sleep(0.5)
+        limiter = server._host.get_network()._inbound_limiter  # type: ignore[union-attr]
+        assert limiter.borrowed_tokens <= MAX_INBOUND_PER_IP + 2
+        async with P2PNode(private_key=bytes(Account.create().key), listen="/ip4/127.0.0.1/tcp/0") as honest:
+            with trio.fail_after(8):  # inside the flood's 10 s
+                await honest.connect(addr)
+                assert await honest.request(addr, "/intellect/test-echo/1", b"hi", timeout=5) == b"served hi"
+        for sock in held:
+            sock.close()
