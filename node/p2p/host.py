@@ -373,6 +373,26 @@ class _NodePubsub(Pubsub):
         await super().push_msg(msg_forwarder, msg)
 
 
+MAX_TRACKED_PEERS = 10_000  # per-peer bookkeeping (rejection counts, bans) kept for at most this many peers
+
+
+class BoundedCounts(OrderedDict[str, int]):
+    """Counts per key (0 for an unknown one) for the `cap` most recently updated keys."""
+
+    def __init__(self, cap: int) -> None:
+        super().__init__()
+        self.cap = cap
+
+    def __missing__(self, key: str) -> int:
+        return 0
+
+    def __setitem__(self, key: str, value: int) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        if len(self) > self.cap:
+            self.popitem(last=False)
+
+
 class _CountingGossipSub(GossipSub):
     """GossipSub that counts the RPCs it drops (full queue, oversize) instead of only debug-logging."""
 
@@ -449,8 +469,9 @@ class P2PNode:
 
         self.peer_id: ID = ID.from_pubkey(self._key_pair.public_key)
         self.address: str = eth_address_from_peer_id(self.peer_id)
-        self.rejections: defaultdict[str, int] = defaultdict(int)
-        """Gossip messages rejected by the validator, keyed by the forwarding peer's address."""
+        self.rejections: BoundedCounts = BoundedCounts(MAX_TRACKED_PEERS)
+        """Gossip messages rejected by the validator, keyed by the forwarding peer's address (the most
+        recently charged `MAX_TRACKED_PEERS`: fresh identities cannot grow it without bound)."""
         self.dropped: defaultdict[str, int] = defaultdict(int)
         """Messages dropped because a subscriber's buffer was full, per topic."""
         self.dropped_banned = 0
@@ -811,8 +832,14 @@ class P2PNode:
         callback can call it; the disconnect itself runs in the node's nursery.  A second ban only
         ever extends the first."""
         key = self._ban_key(peer)
-        until = time.monotonic() + max(0.0, seconds)
+        now = time.monotonic()
+        until = now + max(0.0, seconds)
         self._bans[key] = max(until, self._bans.get(key, until))
+        if len(self._bans) > MAX_TRACKED_PEERS:  # forget expired bans, then the ones ending soonest
+            for k in [k for k, t in self._bans.items() if t <= now]:
+                del self._bans[k]
+            while len(self._bans) > MAX_TRACKED_PEERS:
+                del self._bans[min(self._bans, key=self._bans.__getitem__)]
         if self._host is None or self._nursery is None:
             return
         for pid in self._host.get_connected_peers():

@@ -645,3 +645,25 @@ def test_parse_bootstrap_is_bounded() -> None:
         parse_bootstrap("," * 20_000)
     with pytest.raises(ValueError, match="string"):
         parse_bootstrap(b"/ip4/127.0.0.1")  # type: ignore[arg-type]
+
+
+def test_per_peer_bookkeeping_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fresh identities (one per connection, at no cost) cannot grow a node's rejection counts or bans."""
+    import node.p2p.host as host_module
+    from node.p2p.host import BoundedCounts, P2PNode
+
+    counts = BoundedCounts(3)
+    for i in range(10):
+        counts[f"p{i}"] += 1
+    counts["p9"] += 1
+    assert dict(counts) == {"p7": 1, "p8": 1, "p9": 2} and counts["unknown"] == 0
+
+    monkeypatch.setattr(host_module, "MAX_TRACKED_PEERS", 5)
+    node = P2PNode(private_key=bytes(Account.create().key))
+    node.ban(MEMBER.address, 3600)
+    for _ in range(20):
+        node.ban(Account.create().address, 0.0)  # already expired: forgotten first
+    assert len(node._bans) <= 5 and node.is_banned(MEMBER.address)
+    for _ in range(20):
+        node.ban(Account.create().address, 60.0)
+    assert len(node._bans) <= 5 and node.is_banned(MEMBER.address)  # the longest ban is kept
