@@ -520,7 +520,10 @@ class Validator:
         self.last_fetch[key] = time.monotonic()
         data = await self.fetch(r)
         if data is None:
-            if not last_chance:
+            if not last_chance or not self.sampled(key):
+                # A record we check only because the coordinator's trainer hinted at it is never
+                # invalidated for want of its file: the coordinator claims to have read that file, so a
+                # coordinator that hints and then withholds it could get an honest node slashed.
                 return None
             detail = (
                 f"neither the coordinator nor node {r['node']} served the file after {int(r['attempts']) + 1} tries"

@@ -701,9 +701,13 @@ class Coordinator:
 
     async def record_all(self, node: str) -> None:
         """Record every accepted rollout of `node` (before it stops being a member, after which the
-        ledger refuses its records). Raises ChainError if that fails: the caller must not eject then."""
-        while await self.record_pending(node):
-            pass
+        ledger refuses its records). Raises ChainError if that fails: the caller must not eject then.
+        Every batch settles each row it reads (recorded, found recorded already, or dropped), so the loop
+        ends when none is left."""
+        for _ in range(10_000):
+            await self.record_pending(node)
+            if not self.store.scalar("SELECT COUNT(*) FROM rollouts WHERE status = 'accepted' AND node = ?", (node,)):
+                return
 
     async def record_pending(self, node: str | None = None) -> int:
         """Record up to one batch of accepted rollouts (of `node` only, when given); returns how many

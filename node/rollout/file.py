@@ -142,6 +142,18 @@ class RolloutFile:
         if not schema.remove_metadata().equals(SCHEMA):
             raise RolloutFormatError(f"rollout columns {schema.names} do not match the format")
         budget = min(MAX_DECODED_BYTES, DECODED_FLOOR + DECODED_RATIO * len(data))
+        try:  # the footer's value counts: a single row of 2**31 repeated ids is refused before any decoding
+            values = sum(
+                md.row_group(i).column(j).num_values
+                for i in range(md.num_row_groups)
+                for j in range(md.row_group(i).num_columns)
+            )
+        except Exception as exc:
+            raise RolloutFormatError(f"not a readable parquet file ({type(exc).__name__}: {exc})") from None
+        if values * 4 > budget:
+            raise RolloutFormatError(
+                f"rollout file of {len(data)} bytes declares {values} values, more than it may decode to (a bomb?)"
+            )
         rows: list[dict[str, Any]] = []
         try:
             used = 0
