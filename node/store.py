@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
+import json
 import logging
 import os
 import sqlite3
@@ -50,6 +52,24 @@ def write_file(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _evidence(record: dict[str, Any]) -> tuple[bytes, str]:
+    body = json.dumps(record, sort_keys=True).encode()
+    return body, "0x" + hashlib.sha256(body).hexdigest()
+
+
+def evidence_hash(record: dict[str, Any]) -> str:
+    """The 0x-prefixed sha256 of a verdict record's canonical JSON: the evidence hash that goes on chain
+    or on gossip."""
+    return _evidence(record)[1]
+
+
+def write_evidence(folder: Path, record: dict[str, Any]) -> str:
+    """Write a verdict record as canonical JSON to `folder`/<hash>.json (durably); returns its hash."""
+    body, digest = _evidence(record)
+    write_file(folder / f"{digest[2:]}.json", body)
+    return digest
 
 
 async def write_file_when_room(

@@ -49,7 +49,7 @@ from .policy import PolicyAnnouncement, PolicyBook, checkpoint_folder
 from .rollout.checks import Reason, Verdict
 from .rollout.file import RolloutFile, RolloutFormatError
 from .rollout.intake import check_bounds, check_terms
-from .store import DISK_FULL, Store, StoreError, settle_journal, write_file
+from .store import DISK_FULL, Store, StoreError, settle_journal, write_evidence
 from .tasks.math import get_env
 from .taskspec import TaskSpec, TaskSpecError, pool_spec
 from .verify import Calibrated, FileVerdict, pool_checks, verify_file
@@ -481,10 +481,7 @@ class Validator:
         return model
 
     def _save_evidence(self, key: str, verdict: dict[str, Any]) -> str:
-        body = json.dumps({"work_key": key, "pool": self.cfg.pool_id, **verdict}, sort_keys=True).encode()
-        digest = "0x" + hashlib.sha256(body).hexdigest()
-        write_file(self.evidence_dir / f"{digest[2:]}.json", body)
-        return digest
+        return write_evidence(self.evidence_dir, {"work_key": key, "pool": self.cfg.pool_id, **verdict})
 
     async def _publish_verdict(self, key: str, ok: bool, reason: str, evidence: str) -> None:
         if self.net is None:
@@ -570,7 +567,8 @@ class Validator:
         # One batched forward pass for the samples that reach the prefill (same math as one at a time,
         # much faster): the task's prompt and no more than max_tokens, so a hostile file cannot make us
         # prefill a 32k-token prompt; `verify_file` refuses the others before any prefill.
-        env = get_env(spec.env)
+        checks = pool_checks(spec, tools, self.calibrated)
+        env = checks.env
         prompts: dict[int, list[int]] = {}
         pairs = []
         for s in f.samples:
@@ -584,9 +582,7 @@ class Validator:
             p = done.get((tuple(prompt), tuple(completion))) or prefill.prefill(prompt, completion)
             return p.hidden, p.logprobs
 
-        return verify_file(
-            f, fn, pool_checks(spec, tools, self.calibrated), expected_policy=int(r["policy_version"])
-        ).to_dict()
+        return verify_file(f, fn, checks, expected_policy=int(r["policy_version"])).to_dict()
 
 
 def _peer_is(addr: str, address: str) -> bool:

@@ -40,7 +40,7 @@ from node.p2p.network import PoolNetwork
 from node.policy import HISTORY, PolicyAnnouncement, RelayBook, announcement_sources, parse_heartbeat, relay_url
 from node.rollout.file import RolloutFile, RolloutFormatError
 from node.rollout.intake import completion_hashes
-from node.store import Store, settle_journal, write_file
+from node.store import Store, evidence_hash, settle_journal, write_evidence
 from node.tasks.math import get_env
 from node.taskspec import TaskSpec, TaskSpecError, pool_spec
 from node.toploc import proof_commitment
@@ -981,13 +981,13 @@ class Coordinator:
         invalidates it and slashes the node (dropping it would make cheating free to try). The
         coordinator's word slashes nobody: validators judge the file themselves."""
         reason = verdict["verdict"]["reason"]
-        body = json.dumps({"work_key": key, "pool": self.cfg.pool_id, "by": "trainer", **verdict}, sort_keys=True)
-        digest = "0x" + hashlib.sha256(body.encode()).hexdigest()
+        record = {"work_key": key, "pool": self.cfg.pool_id, "by": "trainer", **verdict}
         folder = self.cfg.data_dir / "evidence"
         try:
             folder.mkdir(exist_ok=True)
-            write_file(folder / f"{digest[2:]}.json", body.encode())
+            digest = write_evidence(folder, record)
         except OSError as exc:
+            digest = evidence_hash(record)
             log.warning("could not keep the trainer's verdict on %s: %s", key[:12], exc)
         log.warning(
             "rollout %s of node %s failed the trainer's checks (%s): not trained on; reported to the validators",

@@ -31,7 +31,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -40,6 +40,8 @@ from node.rollout.file import RolloutFile, RolloutSample
 
 if TYPE_CHECKING:
     from node.verify import FileChecks
+
+T = TypeVar("T")
 
 WEIGHT_FILES = (
     "model.safetensors",
@@ -401,8 +403,12 @@ class Trainer:
         self, model: Any, batch: dict[str, Tensor], entropy: bool = False
     ) -> tuple[Tensor, Tensor | None]:
         """log pi(target | prefix) at every position [B, T] (logits divided by the sampling temperature)."""
-        logits = model(input_ids=batch["ids"], attention_mask=batch["attn"]).logits.float() / batch["temps"]
-        logp = torch.log_softmax(logits, dim=-1)
+        logits = model(input_ids=batch["ids"], attention_mask=batch["attn"]).logits.float()
+        return self._from_logits(logits, batch, entropy)
+
+    @staticmethod
+    def _from_logits(logits: Tensor, batch: dict[str, Tensor], entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        logp = torch.log_softmax(logits / batch["temps"], dim=-1)
         tok = logp.gather(-1, batch["targets"].unsqueeze(-1)).squeeze(-1)
         ent = -(logp.exp() * logp).sum(-1) if entropy else None
         return tok, ent
@@ -453,7 +459,7 @@ class Trainer:
         ref_of: dict[int, Tensor] = {}
         fallback = 0
         micro = self._micro([mine[i] for i in forward])
-        index = [forward[k : k + self.micro_batch_size] for k in range(0, len(forward), self.micro_batch_size)]
+        index = self._micro(forward)
         n_micro_max = int(self._all_reduce([float(len(micro))], "max")[0])
         with torch.no_grad():
             for j, mb in enumerate(self._padded(micro, n_micro_max)):
@@ -505,7 +511,7 @@ class Trainer:
         kept = [mine[i] for i in keep]
         my_tokens = sum(len(it.sample.completion_tokens) for it in kept)
         micro = self._micro(kept)
-        kept_index = [keep[k : k + self.micro_batch_size] for k in range(0, len(keep), self.micro_batch_size)]
+        kept_index = self._micro(keep)
         n_micro_max = int(self._all_reduce([float(len(micro))], "max")[0])
         old: list[Tensor] = []
         ref: list[Tensor | None] = []
@@ -601,7 +607,8 @@ class Trainer:
             rejected=rejected,
         )
 
-    def _micro(self, items: list[_Item]) -> list[list[_Item]]:
+    def _micro(self, items: list[T]) -> list[list[T]]:
+        """`items` (samples, or their indices) cut into micro-batches."""
         return [items[i : i + self.micro_batch_size] for i in range(0, len(items), self.micro_batch_size)]
 
     def _forward(self, model: Any, batch: dict[str, Tensor], capture: bool) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -615,9 +622,7 @@ class Trainer:
         finally:
             if handle is not None:
                 handle.remove()
-        logp = torch.log_softmax(logits / batch["temps"], dim=-1)
-        tok = logp.gather(-1, batch["targets"].unsqueeze(-1)).squeeze(-1)
-        return tok, logits, (got[-1] if got else None)
+        return self._from_logits(logits, batch)[0], logits, (got[-1] if got else None)
 
     @staticmethod
     def _completion_rows(t: Tensor, row: int, it: _Item) -> Tensor:
