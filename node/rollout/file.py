@@ -126,7 +126,13 @@ class RolloutFile:
             if pf.metadata.num_rows > MAX_ROWS:
                 raise RolloutFormatError(f"rollout file has {pf.metadata.num_rows} rows, the limit is {MAX_ROWS}")
             md = pf.metadata
+            # A corrupt footer whose row groups do not hold exactly the format's columns can make
+            # pyarrow abort the process when their column metadata is read: refuse it before that.
+            if md.num_columns != len(SCHEMA) or not pf.schema_arrow.remove_metadata().equals(SCHEMA):
+                raise RolloutFormatError(f"rollout columns {pf.schema_arrow.names} do not match the format")
             groups = [md.row_group(i) for i in range(md.num_row_groups)]
+            if any(g.num_columns != len(SCHEMA) for g in groups):
+                raise RolloutFormatError("a row group does not hold the format's columns")
             decoded = max(
                 sum(g.total_byte_size for g in groups),
                 sum(g.column(j).total_uncompressed_size for g in groups for j in range(g.num_columns)),
