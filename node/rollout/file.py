@@ -8,6 +8,7 @@ key on chain. Reading validates everything, so a malformed upload is a clear err
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -16,6 +17,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from node.rollout.footer import FooterError, Template, read_footer, template
 
 FORMAT = "intellect-rollout/1"
 PROOF_BYTES = 258
@@ -50,6 +53,29 @@ SCHEMA = pa.schema(
 
 class RolloutFormatError(ValueError):
     """The bytes are not a valid rollout file."""
+
+
+def _write(table: pa.Table) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd", write_statistics=False)
+    return buf.getvalue()
+
+
+@functools.cache
+def _footer_shape() -> Template:
+    """The footer shape of what `_write` writes, from a one-row file with every column filled."""
+    row = {
+        "group": [0],
+        "sample": [0],
+        "task_id": ["t"],
+        "prompt_tokens": [[1]],
+        "completion_tokens": [[1]],
+        "logprobs": [[-1.0]],
+        "reward": [0.0],
+        "finish_reason": ["stop"],
+        "proofs": [b"p"],
+    }
+    return template(_write(pa.Table.from_pydict(row, schema=SCHEMA)))
 
 
 @dataclass(frozen=True)
@@ -112,34 +138,34 @@ class RolloutFile:
             cols["proofs"].append(b"".join(s.proofs))
         meta = {"format": FORMAT, "header": asdict(self.header)}
         schema = SCHEMA.with_metadata({"intellect": json.dumps(meta, sort_keys=True)})
-        table = pa.Table.from_pydict(cols, schema=schema)
-        buf = io.BytesIO()
-        pq.write_table(table, buf, compression="zstd", write_statistics=False)
-        return buf.getvalue()
+        return _write(pa.Table.from_pydict(cols, schema=schema))
 
     @classmethod
     def from_bytes(cls, data: bytes, *, max_bytes: int = MAX_FILE_BYTES) -> RolloutFile:
         if len(data) > max_bytes:
             raise RolloutFormatError(f"rollout file is {len(data)} bytes, the limit is {max_bytes}")
+        try:  # pyarrow's per-column metadata accessors abort the process on some corrupt footers
+            footer = read_footer(data, _footer_shape())
+        except FooterError as exc:
+            raise RolloutFormatError(f"not a rollout file: {exc}") from None
+        if footer.num_rows > MAX_ROWS:
+            raise RolloutFormatError(f"rollout file has {footer.num_rows} rows, the limit is {MAX_ROWS}")
+        if footer.uncompressed_bytes > MAX_DECODED_BYTES:
+            raise RolloutFormatError(
+                f"rollout file decodes to {footer.uncompressed_bytes} bytes, the limit is {MAX_DECODED_BYTES}"
+            )
+        budget = min(MAX_DECODED_BYTES, DECODED_FLOOR + DECODED_RATIO * len(data))
+        if footer.num_values * 4 > budget:  # a single row of 2**31 repeated ids is refused before decoding
+            raise RolloutFormatError(
+                f"rollout file of {len(data)} bytes declares {footer.num_values} values, more than it may "
+                "decode to (a bomb?)"
+            )
         try:
             pf = pq.ParquetFile(io.BytesIO(data))
-            if pf.metadata.num_rows > MAX_ROWS:
-                raise RolloutFormatError(f"rollout file has {pf.metadata.num_rows} rows, the limit is {MAX_ROWS}")
             md = pf.metadata
-            # A corrupt footer whose row groups do not hold exactly the format's columns can make
-            # pyarrow abort the process when their column metadata is read: refuse it before that.
-            if md.num_columns != len(SCHEMA) or not pf.schema_arrow.remove_metadata().equals(SCHEMA):
-                raise RolloutFormatError(f"rollout columns {pf.schema_arrow.names} do not match the format")
-            groups = [md.row_group(i) for i in range(md.num_row_groups)]
-            if any(g.num_columns != len(SCHEMA) for g in groups):
-                raise RolloutFormatError("a row group does not hold the format's columns")
-            decoded = max(
-                sum(g.total_byte_size for g in groups),
-                sum(g.column(j).total_uncompressed_size for g in groups for j in range(g.num_columns)),
-            )
-            if decoded > MAX_DECODED_BYTES:
-                raise RolloutFormatError(f"rollout file decodes to {decoded} bytes, the limit is {MAX_DECODED_BYTES}")
             schema = pf.schema_arrow
+            if (md.num_rows, md.num_row_groups) != (footer.num_rows, len(footer.row_groups)):
+                raise RolloutFormatError("pyarrow reads the footer differently (a malformed footer)")
         except RolloutFormatError:
             raise
         except Exception as exc:  # pyarrow raises many types for corrupt input
@@ -147,19 +173,6 @@ class RolloutFile:
         header = _header(schema.metadata or {})
         if not schema.remove_metadata().equals(SCHEMA):
             raise RolloutFormatError(f"rollout columns {schema.names} do not match the format")
-        budget = min(MAX_DECODED_BYTES, DECODED_FLOOR + DECODED_RATIO * len(data))
-        try:  # the footer's value counts: a single row of 2**31 repeated ids is refused before any decoding
-            values = sum(
-                md.row_group(i).column(j).num_values
-                for i in range(md.num_row_groups)
-                for j in range(md.row_group(i).num_columns)
-            )
-        except Exception as exc:
-            raise RolloutFormatError(f"not a readable parquet file ({type(exc).__name__}: {exc})") from None
-        if values * 4 > budget:
-            raise RolloutFormatError(
-                f"rollout file of {len(data)} bytes declares {values} values, more than it may decode to (a bomb?)"
-            )
         rows: list[dict[str, Any]] = []
         try:
             used = 0
