@@ -17,6 +17,7 @@ py-libp2p 0.8.1 facts this module works around (see shared/TOOLCHAIN.md):
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import logging
 import os
@@ -277,6 +278,37 @@ for _module in (_pubsub_module, _gossipsub_module):
     _module.env_to_send_in_RPC = _cached_env_to_send_in_rpc  # type: ignore[attr-defined]
     _module.maybe_consume_signed_record = _cached_consume_signed_record  # type: ignore[attr-defined]
 
+# Gossip signatures: the node checks each new message's libp2p signature itself (`_NodePubsub.push_msg`),
+# so that a message that fails is charged to the peer that forwarded it (the library drops it silently,
+# uncharged, and does the check again for every copy). The library's own check, which follows, is then
+# answered from the digests of messages verified moments ago instead of verifying twice.
+_SIG_OK_MAX = 4096
+_original_signature_validator = _pubsub_module.signature_validator
+_signature_ok: OrderedDict[bytes, None] = OrderedDict()
+
+
+def _message_digest(msg: rpc_pb2.Message) -> bytes:
+    return hashlib.sha256(msg.SerializeToString(deterministic=True)).digest()
+
+
+def verify_gossip_signature(msg: rpc_pb2.Message) -> bool:
+    """Whether `msg` carries a valid libp2p signature of its author (remembered for the library's check)."""
+    digest = _message_digest(msg)
+    if digest in _signature_ok:
+        return True
+    try:
+        ok = bool(_original_signature_validator(msg))
+    except Exception:  # a malformed key or author id
+        ok = False
+    if ok:
+        _signature_ok[digest] = None
+        while len(_signature_ok) > _SIG_OK_MAX:
+            _signature_ok.popitem(last=False)
+    return ok
+
+
+_pubsub_module.signature_validator = verify_gossip_signature  # type: ignore[attr-defined]
+
 
 def quiet_libp2p_logs(level: int = logging.CRITICAL) -> None:
     """Silence the libp2p modules that log ERROR lines for dead peers (pitfall 5); ours still log."""
@@ -352,12 +384,14 @@ class _NodePubsub(Pubsub):
         deliver: Callable[[rpc_pb2.Message], None],
         is_banned: Callable[[ID], bool],
         on_banned_drop: Callable[[], None],
+        on_bad_signature: Callable[[ID], None],
         **kw: Any,
     ) -> None:
         super().__init__(host, router, **kw)
         self._deliver = deliver
         self._is_banned = is_banned
         self._on_banned_drop = on_banned_drop
+        self._on_bad_signature = on_bad_signature
 
     def notify_subscriptions(self, publish_message: rpc_pb2.Message) -> None:
         self._deliver(publish_message)
@@ -369,6 +403,11 @@ class _NodePubsub(Pubsub):
             banned = False  # a bad from_id is the signature check's business
         if banned:
             self._on_banned_drop()
+            return
+        if msg_forwarder != self.my_id and not self._is_msg_seen(msg) and not verify_gossip_signature(msg):
+            # No honest peer forwards this (it checks signatures before forwarding): the peer that sent
+            # it to us pays. Its author id cannot be trusted, so only the forwarder is charged.
+            self._on_bad_signature(msg_forwarder)
             return
         await super().push_msg(msg_forwarder, msg)
 
@@ -441,17 +480,22 @@ class P2PNode:
         dht: bool = False,
         dht_interval: float = 30.0,
         dht_max_peers: int = 32,
+        on_bad_gossip: Callable[[str], None] | None = None,
     ) -> None:
         """``dht=True`` runs a Kademlia DHT server (py-libp2p's ``/ipfs/kad/1.0.0``) and a discovery loop
         that, every ``dht_interval`` seconds (sooner at start), offers the connected peers to the routing
         table, looks up peers close to this node and dials ones not yet connected, until the node has
-        ``dht_max_peers`` connections.  Every lookup and dial has a timeout."""
+        ``dht_max_peers`` connections.  Every lookup and dial has a timeout.
+
+        ``on_bad_gossip(forwarder_address)`` is called for each gossip message whose libp2p signature
+        fails, with the address of the peer that forwarded it (its author cannot be trusted)."""
         if dht_interval <= 0 or dht_max_peers < 1:
             raise ValueError("dht_interval must be positive and dht_max_peers at least 1")
         self._key_pair = identity_from_eth_key(private_key)
         self._listen = multiaddr.Multiaddr(listen)
         self._initial_topics = list(dict.fromkeys(topics))
         self._validator = validator
+        self._on_bad_gossip = on_bad_gossip
         self._bootstrap = list(bootstrap)
         self._gossip_params = (degree, degree_low, degree_high, heartbeat_interval, spam_limit_per_second)
         self.max_message_size = max_message_size
@@ -476,6 +520,8 @@ class P2PNode:
         """Messages dropped because a subscriber's buffer was full, per topic."""
         self.dropped_banned = 0
         """Gossip messages dropped unvalidated because their forwarder or author is banned."""
+        self.bad_signatures = 0
+        """Gossip messages dropped because their libp2p signature failed (charged to the forwarder)."""
         self._bans: dict[str, float] = {}  # ban key (address or "peer:<id>") -> time.monotonic() expiry
 
         self._subs: dict[str, list[trio.MemorySendChannel[tuple[bytes, str]]]] = {}
@@ -535,6 +581,7 @@ class P2PNode:
                 self._deliver,
                 self.is_banned,
                 self._count_banned_drop,
+                self._count_bad_signature,
                 strict_signing=True,
                 max_inbound_rpc_size=self.max_message_size + 4096,
             )
@@ -873,6 +920,16 @@ class P2PNode:
         """Active bans: key (Ethereum address, or ``peer:<id>``) -> seconds left."""
         now = time.monotonic()
         return {k: until - now for k, until in self._bans.items() if until > now}
+
+    def _count_bad_signature(self, forwarder: ID) -> None:
+        address = _safe_address(forwarder)
+        self.rejections[address] += 1
+        self.bad_signatures += 1
+        if self._on_bad_gossip is not None:
+            try:
+                self._on_bad_gossip(address)
+            except Exception as exc:
+                logger.debug("bad-gossip callback raised: %s", exc)
 
     def _count_banned_drop(self) -> None:
         self.dropped_banned += 1

@@ -8,7 +8,8 @@
   topic validator, i.e. *before* GossipSub forwards it, so a bad message dies at the first hop;
 - every author has a budget per kind (`rules.SenderBudget`, `budgets`: messages per second and burst;
   None for no limit): what a member sends beyond it is dropped before it is forwarded (`RATE`);
-- rejections are counted per reason (`rejected`) and charged to the message author in a `PeerScore`;
+- rejections are counted per reason (`rejected`) and charged to the message author in a `PeerScore`
+  (a message whose libp2p signature fails, to the peer that forwarded it);
   an author past the threshold is banned at the host (`P2PNode.ban`: disconnected, refused both ways,
   its gossip dropped unread) and anything of it still in flight is refused (`BANNED`) until it expires;
 - accepted messages reach `subscribe(kind)` channels as decoded `Envelope` objects;
@@ -104,6 +105,7 @@ class PoolNetwork:
             validator=self._validate,
             bootstrap=bootstrap,
             subscription_buffer=subscription_buffer,
+            on_bad_gossip=self._bad_gossip,
             **node_options,
         )
         if self.node.address != self.account.address:  # one key, one identity: a mismatch is a bug
@@ -191,6 +193,10 @@ class PoolNetwork:
             self._reject(sender_address, RejectReason.KIND, now, f"{env.kind} envelope on topic {topic}")
             return False
         return True
+
+    def _bad_gossip(self, forwarder: str) -> None:
+        """A message whose libp2p signature failed: charged to the peer that forwarded it to us."""
+        self._reject(forwarder, RejectReason.BAD_SIGNATURE, self.clock(), "gossip with an invalid libp2p signature")
 
     def _reject(self, author: str, reason: RejectReason, now: float, detail: str) -> None:
         self.rejected[reason] += 1
