@@ -35,6 +35,7 @@ from node.chain.signing import RolloutClaim
 from node.daemon import ModelTools, connect_chain, count, model_tools, new_ledger_events, retry_rpc
 from node.p2p.blobs import BlobStore, serve_blobs
 from node.p2p.envelope import Envelope
+from node.p2p.host import COORDINATOR_MAX_CONNECTIONS
 from node.p2p.membership import ChainMembership
 from node.p2p.network import PoolNetwork
 from node.policy import HISTORY, PolicyAnnouncement, RelayBook, announcement_sources, parse_heartbeat, relay_url
@@ -283,6 +284,7 @@ class Coordinator:
                     pool=cfg.pool_id,
                     membership=self.membership.snapshot,
                     listen=cfg.listen,
+                    max_connections=COORDINATOR_MAX_CONNECTIONS,  # every worker and validator dials it
                 )
                 async with self.net:
                     serve_blobs(self.net.node, self.blobs, max_uploads=32, allow=self.may_use_blobs)

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import ipaddress
 import logging
 import os
+import resource
 import struct
 import time
 import weakref
-from collections import OrderedDict, defaultdict, deque
+from collections import Counter, OrderedDict, defaultdict, deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack, suppress
 from functools import lru_cache
@@ -59,6 +61,8 @@ from libp2p.pubsub.rpc_queue import RpcQueue
 from libp2p.stream_muxer.yamux import yamux as _yamux_module
 from libp2p.tools.anyio_service import background_trio_service
 
+from .rules import SenderBudget
+
 logger = logging.getLogger(__name__)
 
 Validator = Callable[[str, bytes, str], bool]
@@ -90,6 +94,12 @@ DHT_LOOKUP_TIMEOUT = 5.0
 DHT_DIAL_TIMEOUT = 5.0
 DHT_MAX_DIALS_PER_ROUND = 8
 DHT_MAX_QUERIES_PER_ROUND = 16
+
+# Connections: the library's default of 300 (250 of them inbound) suits a worker; the coordinator, which
+# every worker dials, takes COORDINATOR_MAX_CONNECTIONS.
+DEFAULT_MAX_CONNECTIONS = 300
+COORDINATOR_MAX_CONNECTIONS = 4096
+RESERVED_OUTBOUND = 50
 
 _STATUS_OK = 0
 _STATUS_ERR = 1
@@ -177,9 +187,58 @@ if "PY_YAMUX_PARTIAL_SLACK" not in os.environ:  # an explicit setting keeps the 
 _PATCHED_LIBP2P = "0.8.1"
 _libp2p_version = importlib.metadata.version("libp2p")
 _original_inbound = _swarm_module.Swarm._do_handle_inbound_connection
-# Inbound connections (in their handshake or open) from one IP address, of the library's 250 slots.
+# Inbound connections (in their handshake or open) from one IP address, and from one /24 (IPv4) or /64
+# (IPv6) network: one host, NAT or rented subnet cannot take every inbound slot. New inbound connections
+# from one address are also rate-limited (each costs a Noise handshake): a token bucket per address,
+# generous enough for a NAT full of workers reconnecting after a coordinator restart.
 MAX_INBOUND_PER_IP = 64
+MAX_INBOUND_PER_PREFIX = 256
+NEW_INBOUND_PER_SECOND = 100.0
+NEW_INBOUND_BURST = 500.0
 _inbound_per_ip: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
+_inbound_rate: weakref.WeakKeyDictionary[Any, SenderBudget] = weakref.WeakKeyDictionary()
+_inbound_refused: weakref.WeakKeyDictionary[Any, Counter[str]] = weakref.WeakKeyDictionary()
+
+
+def _prefix_of(ip: str) -> str:
+    """The /24 of an IPv4 address, the /64 of an IPv6 one ("" for none)."""
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        return ""
+    bits = 24 if addr.version == 4 else 64
+    return str(ipaddress.ip_network(f"{ip}/{bits}", strict=False))
+
+
+def _admit_inbound(swarm: Any, ip: str) -> str | None:
+    """Why a new inbound connection from `ip` is refused, or None (then counted in; see `_release`)."""
+    counts = _inbound_per_ip.setdefault(swarm, {})
+    prefix = "net:" + _prefix_of(ip)
+    rate = _inbound_rate.get(swarm)
+    if rate is None:
+        rate = _inbound_rate[swarm] = SenderBudget(
+            {"connect": (NEW_INBOUND_PER_SECOND, NEW_INBOUND_BURST)}, max_buckets=16_384
+        )
+    if not rate.take(ip, "connect", time.monotonic()):
+        reason = "rate"
+    elif counts.get(ip, 0) >= MAX_INBOUND_PER_IP:
+        reason = "per-ip"
+    elif counts.get(prefix, 0) >= MAX_INBOUND_PER_PREFIX:
+        reason = "per-network"
+    else:
+        counts[ip] = counts.get(ip, 0) + 1
+        counts[prefix] = counts.get(prefix, 0) + 1
+        return None
+    _inbound_refused.setdefault(swarm, Counter())[reason] += 1
+    return reason
+
+
+def _release_inbound(swarm: Any, ip: str) -> None:
+    counts = _inbound_per_ip.setdefault(swarm, {})
+    for key in (ip, "net:" + _prefix_of(ip)):
+        counts[key] = counts.get(key, 0) - 1
+        if counts[key] <= 0:
+            del counts[key]
 
 
 async def _inbound_until_closed(self: Any, read_write_closer: Any, maddr: Any, failure_event: Any) -> None:
@@ -194,13 +253,12 @@ async def _inbound_until_closed(self: Any, read_write_closer: Any, maddr: Any, f
             await read_write_closer.close()
         return
     ip = _ip_of(remote)
-    counts = _inbound_per_ip.setdefault(self, {})
-    if counts.get(ip, 0) >= MAX_INBOUND_PER_IP:  # one host (or one NAT) cannot take every inbound slot
-        logger.debug("inbound connection from %s refused: %d already open from that address", remote, counts[ip])
+    refused = _admit_inbound(self, ip)
+    if refused is not None:
+        logger.debug("inbound connection from %s refused (%s)", remote, refused)
         with suppress(Exception):
             await read_write_closer.close()
         return
-    counts[ip] = counts.get(ip, 0) + 1
     try:
         raw_conn = _swarm_module.RawConnection(read_write_closer, False)
         try:
@@ -217,9 +275,20 @@ async def _inbound_until_closed(self: Any, read_write_closer: Any, maddr: Any, f
             while not muxed.is_closed:
                 await trio.sleep(1.0)
     finally:
-        counts[ip] -= 1
-        if counts[ip] <= 0:
-            del counts[ip]
+        _release_inbound(self, ip)
+
+
+def _raise_open_file_limit(want: int) -> None:
+    """Lift the soft open-file limit towards `want` (one descriptor per connection), up to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            logger.warning("cannot raise the open-file limit to %d (%s): connections may fail", target, exc)
+    if target < want:
+        logger.warning("open-file limit %d is below the %d this node's connections may need", target, want)
 
 
 def _ip_of(remote: Any) -> str:
@@ -481,6 +550,7 @@ class P2PNode:
         dht_interval: float = 30.0,
         dht_max_peers: int = 32,
         on_bad_gossip: Callable[[str], None] | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
         """``dht=True`` runs a Kademlia DHT server (py-libp2p's ``/ipfs/kad/1.0.0``) and a discovery loop
         that, every ``dht_interval`` seconds (sooner at start), offers the connected peers to the routing
@@ -488,9 +558,16 @@ class P2PNode:
         ``dht_max_peers`` connections.  Every lookup and dial has a timeout.
 
         ``on_bad_gossip(forwarder_address)`` is called for each gossip message whose libp2p signature
-        fails, with the address of the peer that forwarded it (its author cannot be trusted)."""
+        fails, with the address of the peer that forwarded it (its author cannot be trusted).
+
+        ``max_connections`` bounds the open connections (one per peer); all but `RESERVED_OUTBOUND` of
+        them may be inbound. A node many peers dial (the coordinator) needs it above the pool's size; the
+        open-file limit is raised to fit where the system allows."""
         if dht_interval <= 0 or dht_max_peers < 1:
             raise ValueError("dht_interval must be positive and dht_max_peers at least 1")
+        if max_connections <= RESERVED_OUTBOUND:
+            raise ValueError(f"max_connections must be above {RESERVED_OUTBOUND}, got {max_connections}")
+        self.max_connections = max_connections
         self._key_pair = identity_from_eth_key(private_key)
         self._listen = multiaddr.Multiaddr(listen)
         self._initial_topics = list(dict.fromkeys(topics))
@@ -544,8 +621,15 @@ class P2PNode:
             listen_addrs=[self._listen],
             muxer_preference="YAMUX",
             # One connection per peer: connect takes ~18 ms instead of ~250 ms.
-            connection_config=ConnectionConfig(max_connections_per_peer=1),
+            connection_config=ConnectionConfig(
+                max_connections=self.max_connections,
+                min_connections=RESERVED_OUTBOUND,  # the inbound slots are max - min
+                low_watermark=RESERVED_OUTBOUND,
+                high_watermark=self.max_connections,
+                max_connections_per_peer=1,
+            ),
         )
+        _raise_open_file_limit(self.max_connections + 256)
         # The swarm's auto-connector aims at (low+high watermark)/2 = 150 connections and re-dials
         # every peer in the peerstore, dead ones included, with an INFO/ERROR log line per cycle.
         # No config value turns it off (the target is a midpoint), so its step is disabled here;
@@ -920,6 +1004,12 @@ class P2PNode:
         """Active bans: key (Ethereum address, or ``peer:<id>``) -> seconds left."""
         now = time.monotonic()
         return {k: until - now for k, until in self._bans.items() if until > now}
+
+    @property
+    def inbound_refused(self) -> dict[str, int]:
+        """Inbound connections refused before their handshake, per reason (rate, per-ip, per-network)."""
+        swarm = self._host.get_network() if self._host is not None else None
+        return dict(_inbound_refused.get(swarm, {})) if swarm is not None else {}
 
     def _count_bad_signature(self, forwarder: ID) -> None:
         address = _safe_address(forwarder)

@@ -104,3 +104,79 @@ async def test_a_connection_flood_from_one_address_leaves_room_for_others() -> N
                 assert await honest.request(addr, "/intellect/test-echo/1", b"hi", timeout=5) == b"served hi"
         for sock in held:
             sock.close()
+
+
+async def _raw_connections(
+    port: int, source_ips: list[str], per_ip: int, *, hold: bool
+) -> list[trio.socket.SocketType]:
+    """TCP connections to `port` that never start a handshake: held open, or closed at once."""
+    import socket
+
+    held = []
+    for ip in source_ips:
+        for _ in range(per_ip):
+            sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            await sock.bind((ip, 0))
+            try:
+                await sock.connect(("127.0.0.1", port))
+            except OSError:
+                sock.close()
+                continue
+            if hold:
+                held.append(sock)
+            else:
+                sock.close()
+    return held
+
+
+async def _served(addr: str) -> bool:
+    async with P2PNode(private_key=bytes(Account.create().key), listen="/ip4/127.0.0.1/tcp/0") as honest:
+        with trio.fail_after(8):
+            await honest.connect(addr)
+            return await honest.request(addr, "/intellect/test-echo/1", b"hi", timeout=5) == b"served hi"
+
+
+async def _echo(request: bytes, sender: str) -> bytes:
+    return b"served " + request
+
+
+async def test_new_connections_from_one_address_are_rate_limited() -> None:
+    """1,500 connect-and-close cycles from 127.0.1.1 as fast as it can: past the per-address bucket
+    (`NEW_INBOUND_BURST`, refilled at `NEW_INBOUND_PER_SECOND`) they are refused before any handshake
+    work; a peer from another address is served."""
+    from node.p2p.host import NEW_INBOUND_BURST
+
+    async with P2PNode(private_key=bytes(Account.create().key), listen="/ip4/127.0.0.1/tcp/0") as server:
+        server.set_handler("/intellect/test-echo/1", _echo)
+        addr = server.listen_addrs[0]
+        port = int(addr.split("/tcp/")[1].split("/")[0])
+        t = time.monotonic()
+        await _raw_connections(port, ["127.0.1.1"], 1500, hold=False)
+        took = time.monotonic() - t
+        await trio.sleep(0.5)
+        refused = server.inbound_refused.get("rate", 0)
+        print(f"\n[rate] 1500 connections in {took:.1f} s, {refused} refused by the per-address rate limit")
+        assert refused > 0
+        assert 1500 - refused <= NEW_INBOUND_BURST + 100 * (took + 1)
+        assert await _served(addr)
+
+
+async def test_a_flood_from_one_network_is_capped_per_network() -> None:
+    """Five addresses of one /24 (127.0.1.1-5), 60 handshake-less connections each: under the per-address
+    cap each, 300 together, over `MAX_INBOUND_PER_PREFIX`; a peer from another network is served."""
+    from node.p2p.host import MAX_INBOUND_PER_PREFIX
+
+    async with P2PNode(
+        private_key=bytes(Account.create().key), listen="/ip4/127.0.0.1/tcp/0", max_connections=1000
+    ) as server:
+        server.set_handler("/intellect/test-echo/1", _echo)
+        addr = server.listen_addrs[0]
+        port = int(addr.split("/tcp/")[1].split("/")[0])
+        held = await _raw_connections(port, [f"127.0.1.{i}" for i in range(1, 6)], 60, hold=True)
+        await trio.sleep(0.5)
+        limiter = server._host.get_network()._inbound_limiter  # type: ignore[union-attr]
+        assert server.inbound_refused.get("per-network", 0) >= 300 - MAX_INBOUND_PER_PREFIX
+        assert limiter.borrowed_tokens <= MAX_INBOUND_PER_PREFIX + 2
+        assert await _served(addr)
+        for sock in held:
+            sock.close()
