@@ -279,10 +279,11 @@ def serve_blobs(
         received, done = uploads.handle(sender, req[0], req[1], req[2], req[3])
         return msgpack.packb([received, done], use_bin_type=True)
 
-    node.set_handler(BLOB_PROTOCOL, on_blob)
+    node.set_handler(BLOB_PROTOCOL, on_blob, allow=allow)
     if accept_uploads:
-        # one chunk per request (uploaders send DEFAULT_CHUNK), with room for its key and offsets
-        node.set_handler(UPLOAD_PROTOCOL, on_upload, max_request=DEFAULT_CHUNK + 4096)
+        # one chunk per request (uploaders send DEFAULT_CHUNK), with room for its key and offsets; a sender
+        # `allow` refuses is turned away before its chunk is read
+        node.set_handler(UPLOAD_PROTOCOL, on_upload, max_request=DEFAULT_CHUNK + 4096, allow=allow)
 
 
 def _unpack_pair(body: bytes, what: str) -> list[Any]:

@@ -79,6 +79,11 @@ DEFAULT_MAX_REQUEST = 4 << 20
 SMALL_REQUEST = 64 << 10  # what invite, task, submit and signature requests may weigh (they are a few hundred bytes)
 REQUEST_READ_TIMEOUT = 10.0  # seconds for a whole request to arrive
 MAX_STREAMS_PER_PEER = 16  # requests in progress per peer, all protocols together
+# Bytes of request frames being received or handled, reserved from their length prefix before the body is
+# read: per remote IP address (sybil identities from one host share it) and for the whole node. A request
+# over either budget is refused at once ("busy", retryable), so stalled frames pin a bounded amount of memory.
+MAX_REQUEST_BYTES_PER_IP = 16 << 20
+MAX_REQUEST_BYTES = 128 << 20
 DEFAULT_MAX_RESPONSE = 16 << 20
 SUBSCRIPTION_BUFFER = 4096
 # Realistic per-peer, per-topic spam limit (msg/s); the library default of 10 starves honest bursts.
@@ -435,6 +440,15 @@ async def _read_frame(stream: INetStream, max_size: int) -> bytes:
     return await _read_exactly(stream, size)
 
 
+def _stream_ip(stream: INetStream) -> str:
+    """The remote IP address of a stream's connection ("?" when the transport does not say)."""
+    with suppress(Exception):
+        remote = stream.get_remote_address()
+        if remote:
+            return str(remote[0])
+    return "?"
+
+
 def _frame(data: bytes) -> bytes:
     return _LEN.pack(len(data)) + data
 
@@ -605,6 +619,9 @@ class P2PNode:
         self._joined: set[str] = set()
         self._handlers: dict[str, Handler] = {}
         self._streams_in_progress: defaultdict[str, int] = defaultdict(int)
+        self._request_bytes: defaultdict[str, int] = defaultdict(int)  # per remote IP, "" = the whole node
+        self.requests_refused: Counter[str] = Counter()
+        """Requests refused before their body was read, per reason (busy, not-allowed, streams)."""
         self._publish_times: deque[float] = deque(maxlen=10_000)
         self._stack: AsyncExitStack | None = None
         self._nursery: trio.Nursery | None = None
@@ -1139,19 +1156,27 @@ class P2PNode:
         timeout: float = 30.0,
         max_request: int = SMALL_REQUEST,
         read_timeout: float = REQUEST_READ_TIMEOUT,
+        allow: Callable[[str], bool] | None = None,
     ) -> None:
         """Serve ``protocol_id``: one length-prefixed request in, one status byte + frame out.
 
         A request larger than ``max_request`` is refused from its length prefix, before its body is read
         (nothing is buffered for it); the whole request must arrive within ``read_timeout`` (a slow
         sender holds no stream for long); ``timeout`` bounds request, handler and reply together. One
-        peer may have at most ``MAX_STREAMS_PER_PEER`` requests in progress on this node at once."""
+        peer may have at most ``MAX_STREAMS_PER_PEER`` requests in progress on this node at once, one IP
+        address at most ``MAX_REQUEST_BYTES_PER_IP`` bytes of them. ``allow(sender)``, when given, is
+        asked before anything is read: a sender it refuses gets a one-line refusal."""
         self._handlers[protocol_id] = handler
         limit = min(max_request, self.max_request_size)
 
         async def on_stream(stream: INetStream) -> None:
             sender = _safe_address(stream.muxed_conn.peer_id)
+            if allow is not None and not allow(sender):
+                self.requests_refused["not-allowed"] += 1
+                await _refuse(stream, f"{protocol_id} is not served to {sender}")
+                return
             if self._streams_in_progress[sender] >= MAX_STREAMS_PER_PEER:
+                self.requests_refused["streams"] += 1
                 await _reset(stream)
                 return
             self._streams_in_progress[sender] += 1
@@ -1163,13 +1188,29 @@ class P2PNode:
                     del self._streams_in_progress[sender]
 
         async def serve(stream: INetStream, sender: str) -> None:
+            ip = _stream_ip(stream)
+            reserved = 0
             try:
                 with trio.fail_after(timeout):
                     try:
                         with trio.fail_after(read_timeout):
-                            request = await _read_frame(stream, limit)
+                            (size,) = _LEN.unpack(await _read_exactly(stream, _LEN.size))
+                            if size > limit:
+                                raise P2PError(f"frame of {size} bytes exceeds limit {limit}")
+                            if (
+                                self._request_bytes[ip] + size > MAX_REQUEST_BYTES_PER_IP
+                                or self._request_bytes[""] + size > MAX_REQUEST_BYTES
+                            ):
+                                self.requests_refused["busy"] += 1
+                                raise P2PError("busy: too many requests in progress from your address, retry")
+                            reserved = size
+                            self._request_bytes[ip] += size
+                            self._request_bytes[""] += size
+                            request = await _read_exactly(stream, size)
                     except P2PError as exc:
-                        await stream.write(bytes([_STATUS_ERR]) + _frame(str(exc).encode()))
+                        # Refused from its prefix: say why, then reset, which also drops whatever of the
+                        # body the muxer has buffered (up to its window) instead of holding it till close.
+                        await _refuse(stream, str(exc))
                         return
                     try:
                         response = await handler(request, sender)
@@ -1186,12 +1227,19 @@ class P2PNode:
                         reply = bytes([_STATUS_ERR]) + _frame(f"handler error: {type(exc).__name__}".encode())
                     await stream.write(reply)
                 await stream.close()
+                _drop_unread(stream)  # whatever the peer sent past its request
             except trio.TooSlowError:
                 logger.info("handler %s timed out for %s", protocol_id, sender)
                 await _reset(stream)
             except Exception as exc:
                 logger.debug("stream %s from %s failed: %r", protocol_id, sender, exc)
                 await _reset(stream)
+            finally:
+                if reserved:
+                    for key in (ip, ""):
+                        self._request_bytes[key] -= reserved
+                        if self._request_bytes[key] <= 0:
+                            del self._request_bytes[key]
 
         self._require_host().set_stream_handler(TProtocol(protocol_id), on_stream)
 
@@ -1260,7 +1308,34 @@ async def _no_auto_connect() -> None:
     return None
 
 
+def _drop_unread(stream: INetStream) -> None:
+    """Free what the muxer holds unread for a stream we will not read again: yamux keeps a closed or
+    reset stream's buffered bytes (up to its window, 256 KiB or more) for a grace period."""
+    muxed = getattr(stream, "muxed_stream", None)
+    buffers = getattr(getattr(muxed, "conn", None), "stream_buffers", None)
+    if isinstance(buffers, dict):
+        buf = buffers.get(getattr(muxed, "stream_id", None))
+        if isinstance(buf, bytearray):
+            buf.clear()
+
+
+async def _refuse(stream: INetStream, why: str) -> None:
+    """Answer a request we will not read with `why`, then let the stream go: our clients close theirs
+    once they have read the answer; one that does not is reset after a second. What the peer sent
+    meanwhile is dropped, not buffered (at most a muxer window, for at most that second)."""
+    with suppress(Exception), trio.move_on_after(2.0):
+        await stream.write(bytes([_STATUS_ERR]) + _frame(why.encode()))
+        await stream.close()
+    muxed = getattr(stream, "muxed_stream", None)
+    with trio.move_on_after(1.0):
+        while muxed is not None and not getattr(muxed, "recv_closed", True):
+            _drop_unread(stream)
+            await trio.sleep(0.05)
+    await _reset(stream)
+
+
 async def _reset(stream: INetStream) -> None:
+    _drop_unread(stream)
     with trio.move_on_after(1.0) as scope:
         scope.shield = True
         with suppress(Exception):

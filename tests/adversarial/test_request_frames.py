@@ -5,6 +5,7 @@ buffered; stalled half-sent requests are cut off after the read deadline; one pe
 
 from __future__ import annotations
 
+import os
 import struct
 import time
 from contextlib import AsyncExitStack, suppress
@@ -13,9 +14,10 @@ import trio
 from eth_account import Account
 from libp2p.custom_types import TProtocol
 
-from node.p2p.host import MAX_STREAMS_PER_PEER, P2PNode
+from node.p2p.host import MAX_REQUEST_BYTES_PER_IP, MAX_STREAMS_PER_PEER, P2PNode
 
 PROTO = "/intellect/test-small/1"
+UPLOAD = "/intellect/test-upload/1"
 
 
 def _key() -> bytes:
@@ -61,3 +63,119 @@ async def test_oversized_stalled_and_too_many_requests_are_bounded() -> None:
             while server._streams_in_progress.get(attacker.address):
                 await trio.sleep(0.2)
         assert await attacker.request(server.peer_id, PROTO, b"again", timeout=5) == b"ok again"
+
+
+def _rss_mib() -> float:
+    """Resident memory once freed heap pages are handed back (what is pinned, not the allocator's
+    high-water mark: a refused stream's buffered bytes are freed at its reset)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+# The attacker, in a process of its own (so that only the server's memory is measured here): 16 identities
+# dialing from 127.0.0.2, 16 streams each announcing 4 MiB (refused from the prefix), then 16 each that
+# announce the largest upload chunk and send all of it but the last byte, and stall.
+_ATTACKER = """
+import struct, sys
+from contextlib import AsyncExitStack, suppress
+import trio
+from eth_account import Account
+from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
+from node.p2p.host import MAX_STREAMS_PER_PEER, P2PNode
+
+addr, small, upload, big = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+
+def dial_from(node, ip):
+    for t in node._require_host().get_network().transport_manager.get_transports():
+        if hasattr(t, "dial_with_source"):
+            t.dial = lambda maddr, t=t: t.dial_with_source(maddr, (ip, 0))
+
+async def main():
+    server = ID.from_base58(addr.split("/p2p/")[1])
+    oversized = struct.pack(">I", 4 << 20) + b"x" * 4096
+    stalled = struct.pack(">I", big) + b"x" * (big - 1)
+    async with AsyncExitStack() as stack:
+        nodes = []
+        for _ in range(16):
+            n = await stack.enter_async_context(P2PNode(private_key=bytes(Account.create().key)))
+            dial_from(n, "127.0.0.2")
+            await n.connect(addr)
+            nodes.append(n)
+
+        async def send(n, proto, payload):
+            with suppress(Exception), trio.move_on_after(6):
+                st = await n._require_host().new_stream(server, [TProtocol(proto)])
+                await st.write(payload)
+                await trio.sleep(30)
+
+        async with trio.open_nursery() as nursery:
+            for n in nodes:
+                for _ in range(MAX_STREAMS_PER_PEER):
+                    nursery.start_soon(send, n, small, oversized)
+            await trio.sleep(2.0)
+            for n in nodes:
+                for _ in range(MAX_STREAMS_PER_PEER):
+                    nursery.start_soon(send, n, upload, stalled)
+            await trio.sleep(3.0)
+            print("stalled", flush=True)
+            await trio.sleep(30)
+
+trio.run(main)
+"""
+
+
+async def test_stalled_frames_pin_a_bounded_amount_of_memory() -> None:
+    """512 hostile requests from 16 identities on one host (127.0.0.2; see `_ATTACKER`): 256 that
+    announce 4 MiB frames and 256 stalled just short of the largest upload chunk. The server reserves each
+    frame's bytes against its per-address budget (`MAX_REQUEST_BYTES_PER_IP`) before reading it and resets
+    what it refuses (dropping what the muxer buffered for it), so the stall pins about that budget, not
+    256 x 260 KiB (+80 MiB measured without the budget, +48 MiB with it but buffers kept); an honest peer
+    on 127.0.0.1 uploads meanwhile."""
+    import subprocess
+    import sys
+
+    from node.p2p.blobs import DEFAULT_CHUNK
+
+    big = DEFAULT_CHUNK + 4096
+    async with AsyncExitStack() as stack:
+        server = await stack.enter_async_context(P2PNode(private_key=_key()))
+
+        async def echo(request: bytes, sender: str) -> bytes:
+            return b"ok %d" % len(request)
+
+        server.set_handler(PROTO, echo, read_timeout=15.0)
+        server.set_handler(UPLOAD, echo, read_timeout=15.0, max_request=big)
+        addr = server.listen_addrs[0]
+        honest = await stack.enter_async_context(P2PNode(private_key=_key()))
+        await honest.connect(addr)
+        assert await honest.request(server.peer_id, UPLOAD, b"y" * DEFAULT_CHUNK, timeout=5) == b"ok %d" % DEFAULT_CHUNK
+        baseline = _rss_mib()
+        attacker = await trio.lowlevel.open_process(
+            [sys.executable, "-c", _ATTACKER, addr, PROTO, UPLOAD, str(big)], stdout=subprocess.PIPE
+        )
+        try:
+            assert attacker.stdout is not None
+            with trio.fail_after(60):
+                out = b""
+                while b"stalled" not in out:
+                    chunk = await attacker.stdout.receive_some()
+                    assert chunk, "the attacker process ended early"
+                    out += chunk
+            pinned = server._request_bytes.get("127.0.0.2", 0)
+            grown = _rss_mib() - baseline
+            reply = await honest.request(server.peer_id, UPLOAD, b"y" * DEFAULT_CHUNK, timeout=5)
+        finally:
+            attacker.kill()
+            await attacker.wait()
+    print(f"\n[frames] 512 hostile requests: {pinned / 2**20:.1f} MiB reserved for 127.0.0.2, RSS +{grown:.1f} MiB, "
+          f"refused {dict(server.requests_refused)}")  # fmt: skip
+    assert reply == b"ok %d" % DEFAULT_CHUNK
+    assert 0 < pinned <= MAX_REQUEST_BYTES_PER_IP
+    assert server.requests_refused["busy"] > 0
+    assert grown < MAX_REQUEST_BYTES_PER_IP / 2**20 + 16  # the budget and some slack, no more
