@@ -1171,17 +1171,17 @@ class P2PNode:
 
         async def on_stream(stream: INetStream) -> None:
             sender = _safe_address(stream.muxed_conn.peer_id)
-            if allow is not None and not allow(sender):
-                self.requests_refused["not-allowed"] += 1
-                await _refuse(stream, f"{protocol_id} is not served to {sender}")
-                return
             if self._streams_in_progress[sender] >= MAX_STREAMS_PER_PEER:
                 self.requests_refused["streams"] += 1
                 await _reset(stream)
                 return
             self._streams_in_progress[sender] += 1
             try:
-                await serve(stream, sender)
+                if allow is not None and not allow(sender):
+                    self.requests_refused["not-allowed"] += 1
+                    await _refuse(stream, f"{protocol_id} is not served to {sender}")
+                else:
+                    await serve(stream, sender)
             finally:
                 self._streams_in_progress[sender] -= 1
                 if self._streams_in_progress[sender] <= 0:

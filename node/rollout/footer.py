@@ -19,6 +19,9 @@ from dataclasses import dataclass
 
 MAGIC = b"PAR1"
 MAX_DEPTH = 12
+# A rollout's footer is a few KB (one row group of nine columns and the header); a bigger one is refused
+# before it is decoded (Python objects for a footer of millions of list entries would cost gigabytes).
+MAX_FOOTER_BYTES = 256 * 1024
 
 # Thrift compact protocol type codes.
 _TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _SET, _MAP, _STRUCT, _UUID = range(1, 14)
@@ -187,6 +190,8 @@ def _decode(data: bytes) -> dict[int, object]:
     (size,) = struct.unpack("<I", data[-8:-4])
     if size > len(data) - 12:
         raise FooterError(f"a footer of {size} bytes in a file of {len(data)}")
+    if size > MAX_FOOTER_BYTES:
+        raise FooterError(f"a footer of {size} bytes, the limit is {MAX_FOOTER_BYTES}")
     r = _Reader(data[len(data) - 8 - size : len(data) - 8])
     meta = r.struct(0)
     if r.pos != size:

@@ -108,6 +108,10 @@ def test_shapes_a_rollout_never_has_are_refused():
         read_footer(_with_footer(data, old + b"\x00"), _footer_shape())
     with pytest.raises(FooterError, match="magic"):
         read_footer(data[:-4] + b"PARE", _footer_shape())
+    # a footer of a million list entries: refused by its size, before a Python object is made
+    huge = b"\x19\xf5\xc0\x84\x3d" + b"\x02" * 1_000_000 + b"\x00"
+    with pytest.raises(FooterError, match="limit"):
+        read_footer(_with_footer(data, huge), _footer_shape())
 
 
 _HONEST = _file().to_bytes()
