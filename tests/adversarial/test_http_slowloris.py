@@ -1,10 +1,11 @@
-"""Slowloris against the HTTP servers (the weight origin and the metrics endpoint, real sockets on the
+"""Slowloris against the HTTP servers (the weight origin, a relay and the metrics endpoint, real sockets on the
 loopback): 256 connections from one address that send a request head one byte at a time. One address
 gets at most a quarter of the slots, and a head that is not complete within its deadline loses its
 connection; an honest client from another address is served all along."""
 
 from __future__ import annotations
 
+import functools
 import socket
 import time
 from pathlib import Path
@@ -48,11 +49,16 @@ def _honest_get(url: str) -> int:
         return c.get(url).status_code
 
 
-@pytest.mark.parametrize("server", ["weights", "metrics"])
+@pytest.mark.parametrize("server", ["origin", "relay", "metrics"])
 async def test_slowloris_leaves_honest_clients_served(tmp_path: Path, server: str) -> None:
+    """The same server code runs the coordinator's weight origin (with its known relays' addresses, which
+    get reserved slots) and a worker's relay (without)."""
     async with trio.open_nursery() as nursery:
-        if server == "weights":
-            port = await nursery.start(serve_weights, WeightStore(tmp_path / "w"), "127.0.0.1", 0)
+        if server in ("origin", "relay"):
+            relays = (lambda: {"127.0.0.3"}) if server == "origin" else None
+            port = await nursery.start(
+                functools.partial(serve_weights, WeightStore(tmp_path / "w"), "127.0.0.1", 0, relay_hosts=relays)
+            )
             url, cap = f"http://127.0.0.1:{port}/versions", MAX_CONNECTIONS
         else:
             port = await nursery.start(serve_http, Metrics("worker"), "127.0.0.1", 0)
