@@ -182,6 +182,72 @@ async def _batched_window_update(self: Any, *, bytes_read: int = 0) -> None:
 if "PY_YAMUX_PARTIAL_SLACK" not in os.environ:  # an explicit setting keeps the library's behaviour
     _yamux_module.YamuxStream._auto_tune_and_send_window_update = _batched_window_update  # type: ignore[method-assign]
 
+# The library version the patches below were written for (a newer one may fix these differently).
+_PATCHED_LIBP2P = "0.8.1"
+_libp2p_version = importlib.metadata.version("libp2p")
+
+# Yamux receive buffers. py-libp2p 0.8.1 appends every DATA frame to its stream's buffer and only logs a
+# warning when a peer sends past the window it was granted, so one stream nobody reads (a request we have
+# answered, one we refused, one still in protocol negotiation) could be fed gigabytes. Each connection's
+# buffers are wrapped: a stream whose peer overruns its window (beyond a small slack for frames in flight)
+# is closed for receiving and its data dropped, and a stream this node has finished with
+# (`_drop_unread`) drops whatever still arrives. The backlog of open streams per connection is cut from
+# 256 to 64 (each may buffer up to its window before anyone reads it).
+YAMUX_WINDOW_SLACK = 64 << 10
+YAMUX_STREAM_BACKLOG = 64
+_original_yamux_init = _yamux_module.Yamux.__init__
+
+
+class _StreamBuffer(bytearray):
+    """One yamux stream's receive buffer that keeps the peer to its window."""
+
+    def __init__(self, conn: Any, stream_id: int) -> None:
+        super().__init__()
+        self.conn = conn
+        self.stream_id = stream_id
+        self.discard = False
+
+    def extend(self, data: Any) -> None:  # type: ignore[override]
+        if self.discard:
+            return
+        stream = self.conn.streams.get(self.stream_id)
+        window = getattr(stream, "recv_window", None)
+        if isinstance(window, int) and len(data) > window + YAMUX_WINDOW_SLACK:
+            logger.debug("yamux: peer %s overran the window of stream %d", self.conn.peer_id, self.stream_id)
+            self.discard = True
+            self.clear()
+            if stream is not None:  # the reader sees the end of the stream instead of waiting on it
+                stream.recv_closed = True
+                event = self.conn.stream_events.get(self.stream_id)
+                if event is not None:
+                    event.set()
+            return
+        super().extend(data)
+
+
+class _StreamBuffers(dict[int, bytearray]):
+    def __init__(self, conn: Any) -> None:
+        super().__init__()
+        self.conn = conn
+
+    def __setitem__(self, stream_id: int, value: bytearray) -> None:
+        if not isinstance(value, _StreamBuffer):
+            buf = _StreamBuffer(self.conn, stream_id)
+            bytearray.extend(buf, value)
+            value = buf
+        super().__setitem__(stream_id, value)
+
+
+def _yamux_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    _original_yamux_init(self, *args, **kwargs)
+    self.stream_buffers = _StreamBuffers(self)
+    self.stream_backlog_limit = YAMUX_STREAM_BACKLOG
+    self.stream_backlog_semaphore = trio.Semaphore(YAMUX_STREAM_BACKLOG)
+
+
+if _libp2p_version == _PATCHED_LIBP2P and not os.environ.get("INTELLECT_LIBP2P_UNPATCHED"):
+    _yamux_module.Yamux.__init__ = _yamux_init  # type: ignore[method-assign]
+
 # Inbound connection slots. py-libp2p 0.8.1's swarm takes a slot of its inbound limiter (max_connections -
 # min_connections = 250) for every accepted connection and holds it, together with the handler task and the
 # raw socket object, until the whole swarm stops (`await self.manager.wait_finished()` after the upgrade),
@@ -189,8 +255,6 @@ if "PY_YAMUX_PARTIAL_SLACK" not in os.environ:  # an explicit setting keeps the 
 # refused until a restart. Here the handler ends when its connection does. Patched for this version only
 # (a newer one may fix it differently); INTELLECT_LIBP2P_UNPATCHED=1 keeps the library's code (tests show
 # the difference). The same handler caps the inbound connections from one IP address.
-_PATCHED_LIBP2P = "0.8.1"
-_libp2p_version = importlib.metadata.version("libp2p")
 _original_inbound = _swarm_module.Swarm._do_handle_inbound_connection
 # Inbound connections (in their handshake or open) from one IP address, and from one /24 (IPv4) or /64
 # (IPv6) network: one host, NAT or rented subnet cannot take every inbound slot. New inbound connections
@@ -1309,14 +1373,16 @@ async def _no_auto_connect() -> None:
 
 
 def _drop_unread(stream: INetStream) -> None:
-    """Free what the muxer holds unread for a stream we will not read again: yamux keeps a closed or
-    reset stream's buffered bytes (up to its window, 256 KiB or more) for a grace period."""
+    """Free what the muxer holds unread for a stream we will not read again, and drop what still comes
+    (yamux keeps a closed or reset stream's buffered bytes for a grace period)."""
     muxed = getattr(stream, "muxed_stream", None)
     buffers = getattr(getattr(muxed, "conn", None), "stream_buffers", None)
     if isinstance(buffers, dict):
         buf = buffers.get(getattr(muxed, "stream_id", None))
         if isinstance(buf, bytearray):
             buf.clear()
+        if isinstance(buf, _StreamBuffer):
+            buf.discard = True
 
 
 async def _refuse(stream: INetStream, why: str) -> None:

@@ -147,7 +147,7 @@ class RolloutFile:
         try:  # pyarrow's per-column metadata accessors abort the process on some corrupt footers
             footer = read_footer(data, _footer_shape())
         except FooterError as exc:
-            raise RolloutFormatError(f"not a rollout file: {exc}") from None
+            raise RolloutFormatError(f"not a readable parquet file: {exc}") from None
         if footer.num_rows > MAX_ROWS:
             raise RolloutFormatError(f"rollout file has {footer.num_rows} rows, the limit is {MAX_ROWS}")
         if footer.uncompressed_bytes > MAX_DECODED_BYTES:

@@ -179,3 +179,54 @@ async def test_stalled_frames_pin_a_bounded_amount_of_memory() -> None:
     assert 0 < pinned <= MAX_REQUEST_BYTES_PER_IP
     assert server.requests_refused["busy"] > 0
     assert grown < MAX_REQUEST_BYTES_PER_IP / 2**20 + 16  # the budget and some slack, no more
+
+
+async def _overrun(stream: object, total: int) -> None:
+    """Write `total` bytes on `stream` as raw yamux DATA frames, ignoring the window the server granted."""
+    muxed = stream.muxed_stream  # type: ignore[attr-defined]
+    piece = b"z" * (64 << 10)
+    for _ in range(total // len(piece)):
+        header = struct.pack("!BBHII", 0, 0, 0, muxed.stream_id, len(piece))
+        await muxed.conn._write_frame(header + piece)
+
+
+async def test_a_peer_that_overruns_its_window_is_not_buffered() -> None:
+    """py-libp2p's yamux only logs a peer that sends past its receive window and keeps appending: after its
+    request was answered (or while it is being read), an attacker kept writing 16 MiB on a stream nobody
+    reads and the server held all of it. Now a stream this node is done with drops what still arrives, and
+    a window overrun closes the stream for receiving; the connection keeps serving."""
+    async with AsyncExitStack() as stack:
+        server = await stack.enter_async_context(P2PNode(private_key=_key()))
+        attacker = await stack.enter_async_context(P2PNode(private_key=_key()))
+
+        async def echo(request: bytes, sender: str) -> bytes:
+            return b"ok " + request
+
+        server.set_handler(PROTO, echo, read_timeout=5.0)
+        await attacker.connect(server.listen_addrs[0])
+        host = attacker._require_host()
+        conn = next(iter(server._require_host().get_network().get_connections()))  # type: ignore[attr-defined]
+        muxed_server = conn.muxed_conn
+
+        def buffered() -> int:
+            return sum(len(b) for b in muxed_server.stream_buffers.values())
+
+        # 1. after its answer
+        s = await host.new_stream(server.peer_id, [TProtocol(PROTO)])
+        await s.write(struct.pack(">I", 2) + b"hi")
+        with trio.fail_after(5):
+            assert await s.read(1024) == b"\x00" + struct.pack(">I", 5) + b"ok hi"
+        await _overrun(s, 16 << 20)
+        await trio.sleep(0.5)
+        after_answer = buffered()
+
+        # 2. in the middle of its request: a 60 KiB frame announced, 16 MiB sent at once
+        s2 = await host.new_stream(server.peer_id, [TProtocol(PROTO)])
+        await s2.write(struct.pack(">I", 60_000))
+        await _overrun(s2, 16 << 20)
+        await trio.sleep(0.5)
+        mid_request = buffered()
+        print(f"\n[overrun] buffered after 16 MiB past the answer: {after_answer} B, mid-request: {mid_request} B")
+        assert after_answer < 1 << 20
+        assert mid_request < 1 << 20
+        assert await attacker.request(server.peer_id, PROTO, b"again", timeout=5) == b"ok again"
