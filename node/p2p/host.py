@@ -80,10 +80,14 @@ SMALL_REQUEST = 64 << 10  # what invite, task, submit and signature requests may
 REQUEST_READ_TIMEOUT = 10.0  # seconds for a whole request to arrive
 MAX_STREAMS_PER_PEER = 16  # requests in progress per peer, all protocols together
 # Bytes of request frames being received or handled, reserved from their length prefix before the body is
-# read: per remote IP address (sybil identities from one host share it) and for the whole node. A request
-# over either budget is refused at once ("busy", retryable), so stalled frames pin a bounded amount of memory.
+# read. A pool's members (staked, known on chain: `P2PNode(is_member=...)`) draw on a budget of their own;
+# everyone else on one per remote IP address (sybil identities from one host share it), one per /24 (or
+# IPv6 /56) and one for all of them. A request over its budget is refused at once ("busy", retryable), so
+# stalled frames pin a bounded amount of memory and outsiders cannot crowd members out.
 MAX_REQUEST_BYTES_PER_IP = 16 << 20
-MAX_REQUEST_BYTES = 128 << 20
+MAX_REQUEST_BYTES_PER_NETWORK = 32 << 20
+MAX_REQUEST_BYTES = 64 << 20  # non-members, all together
+MAX_MEMBER_REQUEST_BYTES = 256 << 20
 DEFAULT_MAX_RESPONSE = 16 << 20
 SUBSCRIPTION_BUFFER = 4096
 # Realistic per-peer, per-topic spam limit (msg/s); the library default of 10 starves honest bursts.
@@ -256,10 +260,11 @@ if _libp2p_version == _PATCHED_LIBP2P and not os.environ.get("INTELLECT_LIBP2P_U
 # (a newer one may fix it differently); INTELLECT_LIBP2P_UNPATCHED=1 keeps the library's code (tests show
 # the difference). The same handler caps the inbound connections from one IP address.
 _original_inbound = _swarm_module.Swarm._do_handle_inbound_connection
-# Inbound connections (in their handshake or open) from one IP address, and from one /24 (IPv4) or /64
+# Inbound connections (in their handshake or open) from one IP address, and from one /24 (IPv4) or /56
 # (IPv6) network: one host, NAT or rented subnet cannot take every inbound slot. New inbound connections
-# from one address are also rate-limited (each costs a Noise handshake): a token bucket per address,
-# generous enough for a NAT full of workers reconnecting after a coordinator restart.
+# from one address are also rate-limited (each costs a Noise handshake): a token bucket per address (and
+# one four times larger per network), generous enough for a NAT full of workers reconnecting after a
+# coordinator restart.
 MAX_INBOUND_PER_IP = 64
 MAX_INBOUND_PER_PREFIX = 256
 NEW_INBOUND_PER_SECOND = 100.0
@@ -270,13 +275,15 @@ _inbound_refused: weakref.WeakKeyDictionary[Any, Counter[str]] = weakref.WeakKey
 
 
 def _prefix_of(ip: str) -> str:
-    """The /24 of an IPv4 address, the /64 of an IPv6 one ("" for none)."""
+    """The /24 of an IPv4 address (IPv4-mapped IPv6 included), the /56 of an IPv6 one ("" for none)."""
     try:
-        addr = ipaddress.ip_address(ip)
+        addr: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(ip)
     except ValueError:
         return ""
-    bits = 24 if addr.version == 4 else 64
-    return str(ipaddress.ip_network(f"{ip}/{bits}", strict=False))
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped  # an IPv4 peer of a dual-stack listener
+    bits = 24 if addr.version == 4 else 56
+    return str(ipaddress.ip_network(f"{addr}/{bits}", strict=False))
 
 
 def _admit_inbound(swarm: Any, ip: str) -> str | None:
@@ -286,9 +293,14 @@ def _admit_inbound(swarm: Any, ip: str) -> str | None:
     rate = _inbound_rate.get(swarm)
     if rate is None:
         rate = _inbound_rate[swarm] = SenderBudget(
-            {"connect": (NEW_INBOUND_PER_SECOND, NEW_INBOUND_BURST)}, max_buckets=16_384
+            {
+                "connect": (NEW_INBOUND_PER_SECOND, NEW_INBOUND_BURST),
+                "connect-net": (4 * NEW_INBOUND_PER_SECOND, 4 * NEW_INBOUND_BURST),
+            },
+            max_buckets=16_384,
         )
-    if not rate.take(ip, "connect", time.monotonic()):
+    now = time.monotonic()
+    if not rate.take(ip, "connect", now) or not rate.take(prefix, "connect-net", now):
         reason = "rate"
     elif counts.get(ip, 0) >= MAX_INBOUND_PER_IP:
         reason = "per-ip"
@@ -504,6 +516,14 @@ async def _read_frame(stream: INetStream, max_size: int) -> bytes:
     return await _read_exactly(stream, size)
 
 
+def _allowed(allow: Callable[[str], bool], sender: str) -> bool:
+    try:
+        return bool(allow(sender))
+    except Exception as exc:  # a gate that fails refuses
+        logger.debug("allow check raised for %s: %r", sender, exc)
+        return False
+
+
 def _stream_ip(stream: INetStream) -> str:
     """The remote IP address of a stream's connection ("?" when the transport does not say)."""
     with suppress(Exception):
@@ -629,6 +649,7 @@ class P2PNode:
         dht_max_peers: int = 32,
         on_bad_gossip: Callable[[str], None] | None = None,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        is_member: Callable[[str], bool] | None = None,
     ) -> None:
         """``dht=True`` runs a Kademlia DHT server (py-libp2p's ``/ipfs/kad/1.0.0``) and a discovery loop
         that, every ``dht_interval`` seconds (sooner at start), offers the connected peers to the routing
@@ -640,7 +661,10 @@ class P2PNode:
 
         ``max_connections`` bounds the open connections (one per peer); all but `RESERVED_OUTBOUND` of
         them may be inbound. A node many peers dial (the coordinator) needs it above the pool's size; the
-        open-file limit is raised to fit where the system allows."""
+        open-file limit is raised to fit where the system allows.
+
+        ``is_member(address)`` says whether a peer is one of the pool's members (its requests in progress
+        draw on their own budget, out of reach of outsiders)."""
         if dht_interval <= 0 or dht_max_peers < 1:
             raise ValueError("dht_interval must be positive and dht_max_peers at least 1")
         if max_connections <= RESERVED_OUTBOUND:
@@ -651,6 +675,7 @@ class P2PNode:
         self._initial_topics = list(dict.fromkeys(topics))
         self._validator = validator
         self._on_bad_gossip = on_bad_gossip
+        self._is_member = is_member
         self._bootstrap = list(bootstrap)
         self._gossip_params = (degree, degree_low, degree_high, heartbeat_interval, spam_limit_per_second)
         self.max_message_size = max_message_size
@@ -1086,6 +1111,16 @@ class P2PNode:
         now = time.monotonic()
         return {k: until - now for k, until in self._bans.items() if until > now}
 
+    def _request_budgets(self, sender: str, ip: str) -> list[tuple[str, int]]:
+        """The budgets (bookkeeping key, bytes) a request of `sender` from `ip` draws on."""
+        if self._is_member is not None and _allowed(self._is_member, sender):
+            return [("members", MAX_MEMBER_REQUEST_BYTES)]
+        return [
+            ("ip:" + ip, MAX_REQUEST_BYTES_PER_IP),
+            ("net:" + _prefix_of(ip), MAX_REQUEST_BYTES_PER_NETWORK),
+            ("outsiders", MAX_REQUEST_BYTES),
+        ]
+
     @property
     def inbound_refused(self) -> dict[str, int]:
         """Inbound connections refused before their handshake, per reason (rate, per-ip, per-network)."""
@@ -1241,7 +1276,7 @@ class P2PNode:
                 return
             self._streams_in_progress[sender] += 1
             try:
-                if allow is not None and not allow(sender):
+                if allow is not None and not _allowed(allow, sender):
                     self.requests_refused["not-allowed"] += 1
                     await _refuse(stream, f"{protocol_id} is not served to {sender}")
                 else:
@@ -1254,6 +1289,7 @@ class P2PNode:
         async def serve(stream: INetStream, sender: str) -> None:
             ip = _stream_ip(stream)
             reserved = 0
+            keys: list[str] = []
             try:
                 with trio.fail_after(timeout):
                     try:
@@ -1261,15 +1297,14 @@ class P2PNode:
                             (size,) = _LEN.unpack(await _read_exactly(stream, _LEN.size))
                             if size > limit:
                                 raise P2PError(f"frame of {size} bytes exceeds limit {limit}")
-                            if (
-                                self._request_bytes[ip] + size > MAX_REQUEST_BYTES_PER_IP
-                                or self._request_bytes[""] + size > MAX_REQUEST_BYTES
-                            ):
+                            budgets = self._request_budgets(sender, ip)
+                            if any(self._request_bytes.get(k, 0) + size > cap for k, cap in budgets):
                                 self.requests_refused["busy"] += 1
                                 raise P2PError("busy: too many requests in progress from your address, retry")
+                            keys = [k for k, _ in budgets]
+                            for k in keys:
+                                self._request_bytes[k] += size
                             reserved = size
-                            self._request_bytes[ip] += size
-                            self._request_bytes[""] += size
                             request = await _read_exactly(stream, size)
                     except P2PError as exc:
                         # Refused from its prefix: say why, then reset, which also drops whatever of the
@@ -1300,7 +1335,7 @@ class P2PNode:
                 await _reset(stream)
             finally:
                 if reserved:
-                    for key in (ip, ""):
+                    for key in keys:
                         self._request_bytes[key] -= reserved
                         if self._request_bytes[key] <= 0:
                             del self._request_bytes[key]
@@ -1392,11 +1427,12 @@ async def _refuse(stream: INetStream, why: str) -> None:
     with suppress(Exception), trio.move_on_after(2.0):
         await stream.write(bytes([_STATUS_ERR]) + _frame(why.encode()))
         await stream.close()
+    _drop_unread(stream)  # and whatever still comes
     muxed = getattr(stream, "muxed_stream", None)
-    with trio.move_on_after(1.0):
-        while muxed is not None and not getattr(muxed, "recv_closed", True):
-            _drop_unread(stream)
-            await trio.sleep(0.05)
+    for _ in range(4):  # a few wake-ups at most, whatever the peer does
+        if muxed is None or getattr(muxed, "recv_closed", True):
+            break
+        await trio.sleep(0.25)
     await _reset(stream)
 
 

@@ -106,6 +106,7 @@ class PoolNetwork:
             bootstrap=bootstrap,
             subscription_buffer=subscription_buffer,
             on_bad_gossip=self._bad_gossip,
+            is_member=lambda address: self.membership().role(address) is not None,
             **node_options,
         )
         if self.node.address != self.account.address:  # one key, one identity: a mismatch is a bug

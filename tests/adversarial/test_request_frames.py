@@ -10,11 +10,12 @@ import struct
 import time
 from contextlib import AsyncExitStack, suppress
 
+import pytest
 import trio
 from eth_account import Account
 from libp2p.custom_types import TProtocol
 
-from node.p2p.host import MAX_REQUEST_BYTES_PER_IP, MAX_STREAMS_PER_PEER, P2PNode
+from node.p2p.host import MAX_REQUEST_BYTES_PER_IP, MAX_STREAMS_PER_PEER, P2PError, P2PNode
 
 PROTO = "/intellect/test-small/1"
 UPLOAD = "/intellect/test-upload/1"
@@ -77,6 +78,13 @@ def _rss_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def _dial_from(node: P2PNode, source_ip: str) -> None:
+    """Make `node` dial from `source_ip` (another loopback address: another host, to the server)."""
+    for transport in node._require_host().get_network().transport_manager.get_transports():  # type: ignore[attr-defined]
+        if hasattr(transport, "dial_with_source"):
+            transport.dial = lambda maddr, t=transport: t.dial_with_source(maddr, (source_ip, 0))
+
+
 # The attacker, in a process of its own (so that only the server's memory is measured here): 16 identities
 # dialing from 127.0.0.2, 16 streams each announcing 4 MiB (refused from the prefix), then 16 each that
 # announce the largest upload chunk and send all of it but the last byte, and stall.
@@ -91,10 +99,7 @@ from node.p2p.host import MAX_STREAMS_PER_PEER, P2PNode
 
 addr, small, upload, big = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 
-def dial_from(node, ip):
-    for t in node._require_host().get_network().transport_manager.get_transports():
-        if hasattr(t, "dial_with_source"):
-            t.dial = lambda maddr, t=t: t.dial_with_source(maddr, (ip, 0))
+from tests.adversarial.test_request_frames import _dial_from as dial_from
 
 async def main():
     server = ID.from_base58(addr.split("/p2p/")[1])
@@ -167,7 +172,7 @@ async def test_stalled_frames_pin_a_bounded_amount_of_memory() -> None:
                     chunk = await attacker.stdout.receive_some()
                     assert chunk, "the attacker process ended early"
                     out += chunk
-            pinned = server._request_bytes.get("127.0.0.2", 0)
+            pinned = server._request_bytes.get("ip:127.0.0.2", 0)
             grown = _rss_mib() - baseline
             reply = await honest.request(server.peer_id, UPLOAD, b"y" * DEFAULT_CHUNK, timeout=5)
         finally:
@@ -230,3 +235,46 @@ async def test_a_peer_that_overruns_its_window_is_not_buffered() -> None:
         assert after_answer < 1 << 20
         assert mid_request < 1 << 20
         assert await attacker.request(server.peer_id, PROTO, b"again", timeout=5) == b"ok again"
+
+
+async def test_outsiders_cannot_crowd_a_member_out() -> None:
+    """32 outsider identities on two addresses of one /24 announce 64 KiB requests, 16 each, and stall
+    after the length prefix: 32 MiB reserved, the whole network's budget (`MAX_REQUEST_BYTES_PER_NETWORK`).
+    Another outsider of that network is told "busy"; a pool member on the same network is served, its
+    requests drawing on the members' budget."""
+    from node.p2p.host import MAX_REQUEST_BYTES_PER_NETWORK, SMALL_REQUEST
+
+    async with AsyncExitStack() as stack:
+        member_key, outsider_key = _key(), _key()
+        member_address = P2PNode(private_key=member_key).address
+        server = await stack.enter_async_context(P2PNode(private_key=_key(), is_member=lambda a: a == member_address))
+
+        async def echo(request: bytes, sender: str) -> bytes:
+            return b"ok " + request
+
+        server.set_handler(PROTO, echo, read_timeout=20.0, timeout=30.0)
+        addr = server.listen_addrs[0]
+        attackers = []
+        for i in range(32):
+            a = await stack.enter_async_context(P2PNode(private_key=_key()))
+            _dial_from(a, f"127.0.1.{1 + i % 2}")
+            await a.connect(addr)
+            attackers.append(a)
+        member = await stack.enter_async_context(P2PNode(private_key=member_key))
+        outsider = await stack.enter_async_context(P2PNode(private_key=outsider_key))
+        for node in (member, outsider):
+            _dial_from(node, "127.0.1.3")
+            await node.connect(addr)
+
+        held = []
+        for a in attackers:
+            for _ in range(MAX_STREAMS_PER_PEER):
+                st = await a._require_host().new_stream(server.peer_id, [TProtocol(PROTO)])
+                await st.write(struct.pack(">I", SMALL_REQUEST))  # the prefix, then nothing
+                held.append(st)
+        with trio.fail_after(10):
+            while server._request_bytes.get("net:127.0.1.0/24", 0) + SMALL_REQUEST <= MAX_REQUEST_BYTES_PER_NETWORK:
+                await trio.sleep(0.1)
+        with pytest.raises(P2PError, match="busy"):
+            await outsider.request(server.peer_id, PROTO, b"me too", timeout=5)
+        assert await member.request(server.peer_id, PROTO, b"member", timeout=5) == b"ok member"
