@@ -40,6 +40,39 @@ COLUMN_META_FIELDS = frozenset({1, 2, 3, 4, 5, 6, 7, 9, 11, 13, 16})
 SIZE_STATS_FIELDS = frozenset({1, 2, 3})
 
 
+# The thrift types of the fields that matter (parquet.thrift): a type code, ("list", element) or
+# ("struct", name); a struct not named here is read untyped (its contents are compared with the writer's
+# or ignored by pyarrow). A bool is _TRUE.
+Spec = int | tuple[str, object]
+SPECS: dict[str, dict[int, Spec]] = {
+    "FileMetaData": {1: _I32, 2: ("list", ("struct", "SchemaElement")), 3: _I64, 4: ("list", ("struct", "RowGroup")),
+                     5: ("list", ("struct", "KeyValue")), 6: _BINARY, 7: ("list", ("struct", None))},
+    "SchemaElement": {1: _I32, 2: _I32, 3: _I32, 4: _BINARY, 5: _I32, 6: _I32, 7: _I32, 8: _I32, 9: _I32,
+                      10: ("struct", None)},
+    "KeyValue": {1: _BINARY, 2: _BINARY},
+    "RowGroup": {1: ("list", ("struct", "ColumnChunk")), 2: _I64, 3: _I64, 4: ("list", ("struct", None)), 5: _I64,
+                 6: _I64, 7: _I16},
+    "ColumnChunk": {1: _BINARY, 2: _I64, 3: ("struct", "ColumnMetaData"), 4: _I64, 5: _I32, 6: _I64, 7: _I32},
+    "ColumnMetaData": {1: _I32, 2: ("list", _I32), 3: ("list", _BINARY), 4: _I32, 5: _I64, 6: _I64, 7: _I64,
+                       8: ("list", ("struct", "KeyValue")), 9: _I64, 10: _I64, 11: _I64, 12: ("struct", None),
+                       13: ("list", ("struct", "PageEncodingStats")), 14: _I64, 15: _I32,
+                       16: ("struct", "SizeStatistics")},
+    "PageEncodingStats": {1: _I32, 2: _I32, 3: _I32},
+    "SizeStatistics": {1: _I64, 2: ("list", _I64), 3: ("list", _I64)},
+    "PageHeader": {1: _I32, 2: _I32, 3: _I32, 4: _I32, 5: ("struct", "DataPageHeader"), 6: ("struct", None),
+                   7: ("struct", "DictionaryPageHeader"), 8: ("struct", "DataPageHeaderV2")},
+    "DataPageHeader": {1: _I32, 2: _I32, 3: _I32, 4: _I32, 5: ("struct", None)},
+    "DictionaryPageHeader": {1: _I32, 2: _I32, 3: _TRUE},
+    "DataPageHeaderV2": {1: _I32, 2: _I32, 3: _I32, 4: _I32, 5: _I32, 6: _I32, 7: _TRUE, 8: ("struct", None)},
+}  # fmt: skip
+
+
+def _code(spec: Spec) -> int:
+    if isinstance(spec, int):
+        return spec
+    return _LIST if spec[0] == "list" else _STRUCT
+
+
 class FooterError(ValueError):
     """The footer is not one a rollout file may have."""
 
@@ -112,9 +145,14 @@ class _Reader:
             raise FooterError(f"footer container of {n} elements in {len(self.buf) - self.pos} bytes")
         return n
 
-    def value(self, kind: int, depth: int) -> object:
+    def value(self, kind: int, depth: int, spec: Spec | None = None) -> object:
+        """A value of thrift type `kind`; with `spec` (the type parquet.thrift gives the field), any other
+        type is refused: pyarrow's generated reader would skip such a field, or misread it, and see another
+        footer than the one checked here."""
         if depth > MAX_DEPTH:
             raise FooterError("footer nested too deep")
+        if spec is not None and _code(spec) != (_TRUE if kind == _FALSE else kind):
+            raise FooterError(f"footer field of thrift type {kind} where the format has {_code(spec)}")
         if kind in (_TRUE, _FALSE):  # inside a container a bool is one byte of its own
             return self.byte() == 1
         if kind == _BYTE:
@@ -134,7 +172,8 @@ class _Reader:
                 n = self.count()
             elif n > len(self.buf) - self.pos:
                 raise FooterError("footer list longer than the bytes left")
-            return [self.value(head & 0x0F, depth + 1) for _ in range(n)]
+            elem = spec[1] if isinstance(spec, tuple) and spec[0] == "list" else None
+            return [self.value(head & 0x0F, depth + 1, elem) for _ in range(n)]
         if kind == _MAP:
             n = self.count()
             if not n:
@@ -142,12 +181,15 @@ class _Reader:
             types = self.byte()
             return [(self.value(types >> 4, depth + 1), self.value(types & 0x0F, depth + 1)) for _ in range(n)]
         if kind == _STRUCT:
-            return self.struct(depth + 1)
+            name = spec[1] if isinstance(spec, tuple) and spec[0] == "struct" else None
+            return self.struct(depth + 1, name)
         raise FooterError(f"footer holds unknown thrift type {kind}")
 
-    def struct(self, depth: int) -> dict[int, object]:
+    def struct(self, depth: int, name: str | None = None) -> dict[int, object]:
+        """A struct's fields by id; with `name`, typed as parquet.thrift's struct of that name."""
         if depth > MAX_DEPTH:
             raise FooterError("footer nested too deep")
+        types = SPECS.get(name, {}) if name else {}
         fields: dict[int, object] = {}
         last = 0
         while True:
@@ -159,10 +201,13 @@ class _Reader:
             fid = last + delta if delta else self.zigzag()
             if fid in fields:
                 raise FooterError(f"footer repeats field {fid}")
+            spec = types.get(fid)
             if kind in (_TRUE, _FALSE):  # a struct's bool lives in its field header
+                if spec is not None and spec != _TRUE:
+                    raise FooterError(f"footer field {fid} of {name} is a bool where the format has {_code(spec)}")
                 fields[fid] = kind == _TRUE
             else:
-                fields[fid] = self.value(kind, depth)
+                fields[fid] = self.value(kind, depth, spec)
             last = fid
 
 
@@ -193,7 +238,7 @@ def _decode(data: bytes) -> dict[int, object]:
     if size > MAX_FOOTER_BYTES:
         raise FooterError(f"a footer of {size} bytes, the limit is {MAX_FOOTER_BYTES}")
     r = _Reader(data[len(data) - 8 - size : len(data) - 8])
-    meta = r.struct(0)
+    meta = r.struct(0, "FileMetaData")
     if r.pos != size:
         raise FooterError(f"{size - r.pos} bytes after the footer's end")
     return meta

@@ -81,11 +81,12 @@ def test_a_histogram_that_aborts_pyarrow_is_refused():
 @pytest.mark.parametrize(
     ("footer", "needle"),
     [
-        (b"\x19\xfc\xff\xff\xff\x0f\x00", "container"),  # a list of 2**32 - 1 structs in 7 bytes
-        (b"\x1c" * 40 + b"\x00" * 40, "nested too deep"),  # struct in struct in struct ...
+        (b"\xf9\xfc\xff\xff\xff\x0f\x00", "container"),  # field 15: a list of 2**32 - 1 structs in 7 bytes
+        (b"\xfc" + b"\x1c" * 40 + b"\x00" * 41, "nested too deep"),  # struct in struct in struct ...
         (b"\x15\x02", "ends inside"),  # a field whose value is cut off
-        (b"\x1e\x00", "unknown thrift type"),
+        (b"\xfe\x00", "unknown thrift type"),
         (b"\x15\x02\x05\x02\x02\x00", "repeats field"),  # field 1, then field 1 again by its long id
+        (b"\x16\x02\x00", "thrift type 6 where the format has 5"),  # the version as an i64, not an i32
     ],
 )
 def test_malformed_footers_are_clear_errors(footer, needle):
@@ -127,3 +128,17 @@ def test_footer_mutations_never_crash(edits):
         data[len(data) - _TAIL + pos] = value
     with contextlib.suppress(RolloutFormatError):
         RolloutFile.from_bytes(bytes(data))
+
+
+def test_a_field_of_another_thrift_type_is_refused():
+    """pyarrow's generated reader skips (or misreads) a field whose thrift type is not parquet.thrift's, so a
+    footer could say one thing to this check and another to pyarrow (a size-statistics struct hidden in a
+    string of `encodings` aborted pyarrow this way). A field of the wrong type is refused."""
+    data = _file().to_bytes()
+    old = _footer(data)
+    head = b"\x1c\x15\x02\x19"  # column metadata: its type (INT32), then the encodings list's header
+    at = old.index(head) + len(head)
+    assert old[at] & 0x0F == 5, "the encodings list no longer holds i32"
+    bad = old[:at] + bytes([(old[at] & 0xF0) | 8]) + old[at + 1 :]  # the same list, declared as strings
+    with pytest.raises(FooterError, match="thrift type 8 where the format has 5"):
+        read_footer(_with_footer(data, bad), _footer_shape())
