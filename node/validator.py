@@ -527,7 +527,7 @@ class Validator:
             )
             return FileVerdict(Verdict(Reason.UNAVAILABLE, detail), []).to_dict()
         self.last_fetch.pop(key, None)
-        f = self.intake(data, r)
+        f = await trio.to_thread.run_sync(self.intake, data, r)  # parsing a hostile file takes CPU, not the loop
         if isinstance(f, FileVerdict):
             return f.to_dict()
         prefill = await self.prefill_for(int(r["policy_version"]))

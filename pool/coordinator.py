@@ -155,6 +155,7 @@ class Coordinator:
         self.cfg = cfg
         self.key = key
         self.metrics = metrics
+        self._parse_limiter = trio.CapacityLimiter(4)  # rollout files parsed at once on submission
         self.store = Store(cfg.data_dir / "coordinator.db", SCHEMA)
         self.store.add_column("rollouts", "signature", "TEXT")
         self.store.add_column("steps", "verified", "INTEGER NOT NULL DEFAULT 0")
@@ -586,8 +587,11 @@ class Coordinator:
         data = self.blobs.get(key)
         if data is None:
             return protocol.refuse(f"rollout {key} has not been uploaded", "upload it before submitting")
-        try:
-            f = RolloutFile.from_bytes(data, max_bytes=self.cfg.max_rollout_bytes)
+        try:  # in a thread (a hostile file costs its decode budget in CPU), a few at a time (and in memory)
+            f = await trio.to_thread.run_sync(
+                functools.partial(RolloutFile.from_bytes, data, max_bytes=self.cfg.max_rollout_bytes),
+                limiter=self._parse_limiter,
+            )
         except RolloutFormatError as exc:
             self.blobs.delete(key)
             return self._reject(sender, "malformed", str(exc))

@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from node.rollout.footer import FooterError, Template, read_footer, template
+from node.rollout.footer import FooterError, Template, read_footer, read_pages, template
 
 FORMAT = "intellect-rollout/1"
 PROOF_BYTES = 258
@@ -146,19 +146,19 @@ class RolloutFile:
             raise RolloutFormatError(f"rollout file is {len(data)} bytes, the limit is {max_bytes}")
         try:  # pyarrow's per-column metadata accessors abort the process on some corrupt footers
             footer = read_footer(data, _footer_shape())
+            if footer.num_rows > MAX_ROWS:
+                raise RolloutFormatError(f"rollout file has {footer.num_rows} rows, the limit is {MAX_ROWS}")
+            pages = read_pages(data, footer)  # what pyarrow will decode, from the page headers themselves
         except FooterError as exc:
             raise RolloutFormatError(f"not a readable parquet file: {exc}") from None
-        if footer.num_rows > MAX_ROWS:
-            raise RolloutFormatError(f"rollout file has {footer.num_rows} rows, the limit is {MAX_ROWS}")
-        if footer.uncompressed_bytes > MAX_DECODED_BYTES:
-            raise RolloutFormatError(
-                f"rollout file decodes to {footer.uncompressed_bytes} bytes, the limit is {MAX_DECODED_BYTES}"
-            )
+        decoded = max(footer.uncompressed_bytes, pages.uncompressed_bytes)
+        if decoded > MAX_DECODED_BYTES:
+            raise RolloutFormatError(f"rollout file decodes to {decoded} bytes, the limit is {MAX_DECODED_BYTES}")
         budget = min(MAX_DECODED_BYTES, DECODED_FLOOR + DECODED_RATIO * len(data))
-        if footer.num_values * 4 > budget:  # a single row of 2**31 repeated ids is refused before decoding
+        if pages.values * 4 > budget or decoded > budget:  # one row of 2**31 repeated ids: refused before decoding
             raise RolloutFormatError(
-                f"rollout file of {len(data)} bytes declares {footer.num_values} values, more than it may "
-                "decode to (a bomb?)"
+                f"rollout file of {len(data)} bytes declares {pages.values} values in {decoded} bytes, more than "
+                "it may decode to (a bomb?)"
             )
         try:
             pf = pq.ParquetFile(io.BytesIO(data))

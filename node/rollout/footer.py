@@ -82,6 +82,7 @@ class ColumnChunkInfo:
     num_values: int
     uncompressed_bytes: int
     compressed_bytes: int
+    start: int  # file offset of its first page (the dictionary page's, if it has one)
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ class RowGroupInfo:
 class Footer:
     num_rows: int
     row_groups: tuple[RowGroupInfo, ...]
+    offset: int  # where the footer starts: the pages lie before it
 
     @property
     def num_values(self) -> int:
@@ -109,12 +111,15 @@ class Footer:
 
 
 class _Reader:
-    def __init__(self, buf: bytes) -> None:
+    """Reads `buf[pos:end]`; nothing past `end`."""
+
+    def __init__(self, buf: bytes, pos: int = 0, end: int | None = None) -> None:
         self.buf = buf
-        self.pos = 0
+        self.pos = pos
+        self.end = len(buf) if end is None else end
 
     def take(self, n: int) -> bytes:
-        if n < 0 or self.pos + n > len(self.buf):
+        if n < 0 or self.pos + n > self.end:
             raise FooterError("footer ends inside a value")
         out = self.buf[self.pos : self.pos + n]
         self.pos += n
@@ -141,8 +146,8 @@ class _Reader:
     def count(self) -> int:
         """A container's element count: never more than the bytes left (every element takes one)."""
         n = self.varint()
-        if n > len(self.buf) - self.pos:
-            raise FooterError(f"footer container of {n} elements in {len(self.buf) - self.pos} bytes")
+        if n > self.end - self.pos:
+            raise FooterError(f"footer container of {n} elements in {self.end - self.pos} bytes")
         return n
 
     def value(self, kind: int, depth: int, spec: Spec | None = None) -> object:
@@ -170,7 +175,7 @@ class _Reader:
             n = head >> 4
             if n == 15:
                 n = self.count()
-            elif n > len(self.buf) - self.pos:
+            elif n > self.end - self.pos:
                 raise FooterError("footer list longer than the bytes left")
             elem = spec[1] if isinstance(spec, tuple) and spec[0] == "list" else None
             return [self.value(head & 0x0F, depth + 1, elem) for _ in range(n)]
@@ -237,10 +242,11 @@ def _decode(data: bytes) -> dict[int, object]:
         raise FooterError(f"a footer of {size} bytes in a file of {len(data)}")
     if size > MAX_FOOTER_BYTES:
         raise FooterError(f"a footer of {size} bytes, the limit is {MAX_FOOTER_BYTES}")
-    r = _Reader(data[len(data) - 8 - size : len(data) - 8])
+    start = len(data) - 8 - size
+    r = _Reader(data, start, len(data) - 8)
     meta = r.struct(0, "FileMetaData")
-    if r.pos != size:
-        raise FooterError(f"{size - r.pos} bytes after the footer's end")
+    if r.pos != r.end:
+        raise FooterError(f"{r.end - r.pos} bytes after the footer's end")
     return meta
 
 
@@ -318,8 +324,63 @@ def read_footer(data: bytes, shape: Template) -> Footer:
                 raise FooterError("a column chunk's type, path or codec is not the format's")
             if 16 in m:
                 _check_size_stats(m[16], col)
-            infos.append(ColumnChunkInfo(_int(m, 5, "value count"), _int(m, 6, "size"), _int(m, 7, "size")))
+            start = _int(m, 11, "dictionary page offset") if 11 in m else _int(m, 9, "data page offset")
+            infos.append(ColumnChunkInfo(_int(m, 5, "value count"), _int(m, 6, "size"), _int(m, 7, "size"), start))
         groups.append(RowGroupInfo(_int(g, 3, "row group rows"), _int(g, 2, "row group size"), tuple(infos)))
     if sum(g.num_rows for g in groups) != rows:
         raise FooterError("the row groups do not add up to the file's row count")
-    return Footer(rows, tuple(groups))
+    return Footer(rows, tuple(groups), len(data) - 8 - struct.unpack("<I", data[-8:-4])[0])
+
+
+MAX_PAGES = 4096  # pages in one rollout file (an honest one has a few per column)
+PAGE_FIELDS = frozenset({1, 2, 3, 4, 5, 7, 8})  # type, sizes, crc, data / dictionary / data v2 header
+_DATA_PAGE, _INDEX_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2 = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class PageTotals:
+    pages: int
+    values: int  # values the pages declare, dictionary entries included
+    uncompressed_bytes: int  # what their decompressed bodies declare
+
+
+def read_pages(data: bytes, footer: Footer) -> PageTotals:
+    """Walk the page headers of every column chunk. The footer's value counts and sizes are only what the
+    writer claims: pyarrow decodes by the page headers, so a file whose footer says one value and whose
+    pages say millions would decode them all. Each chunk's pages must fill its byte range exactly and
+    declare exactly the footer's value count; the totals are what a decode may cost."""
+    pages = values = decompressed = 0
+    for group in footer.row_groups:
+        for chunk in group.columns:
+            pos, end = chunk.start, chunk.start + chunk.compressed_bytes
+            if pos < len(MAGIC) or end > footer.offset:
+                raise FooterError(f"a column chunk at {pos}..{end} lies outside the file's pages")
+            declared = 0
+            while pos < end:
+                pages += 1
+                if pages > MAX_PAGES:
+                    raise FooterError(f"more than {MAX_PAGES} pages")
+                r = _Reader(data, pos, end)
+                header = r.struct(0, "PageHeader")
+                _only(header, PAGE_FIELDS, "a page header")
+                kind = header.get(1)
+                size, body = _int(header, 2, "page size"), _int(header, 3, "page size")
+                sub = (
+                    {_DATA_PAGE: 5, _DICTIONARY_PAGE: 7, _DATA_PAGE_V2: 8}.get(kind) if isinstance(kind, int) else None
+                )
+                detail = header.get(sub) if sub is not None else None
+                if not isinstance(detail, dict):
+                    raise FooterError(f"a page of type {kind!r} without its header (index pages are never written)")
+                n = _int(detail, 1, "page value count")
+                if kind == _DICTIONARY_PAGE:
+                    values += n
+                else:
+                    declared += n
+                decompressed += size
+                pos = r.pos + body
+            if pos != end:
+                raise FooterError("a column chunk's pages run past its end")
+            if declared != chunk.num_values:
+                raise FooterError(f"a column chunk's pages declare {declared} values, its metadata {chunk.num_values}")
+            values += declared
+    return PageTotals(pages, values, decompressed)

@@ -9,6 +9,7 @@ import io
 import struct
 import subprocess
 import sys
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -142,3 +143,31 @@ def test_a_field_of_another_thrift_type_is_refused():
     bad = old[:at] + bytes([(old[at] & 0xF0) | 8]) + old[at + 1 :]  # the same list, declared as strings
     with pytest.raises(FooterError, match="thrift type 8 where the format has 5"):
         read_footer(_with_footer(data, bad), _footer_shape())
+
+
+def test_page_headers_must_agree_with_the_footer():
+    """pyarrow decodes by the page headers, not the footer's counts: a footer that says one value per
+    chunk over pages that declare millions was decoded in full (418 MB for a 3 KB file). The pages are
+    walked first; their counts must be the footer's, their byte ranges the chunk's."""
+    import dataclasses
+
+    from node.rollout.footer import read_pages
+
+    data = _file(64, 300).to_bytes()
+    footer = read_footer(data, _footer_shape())
+    totals = read_pages(data, footer)
+    assert totals.values >= footer.num_values and totals.pages >= 9
+    chunk = footer.row_groups[0].columns[4]  # completion_tokens
+
+    def with_chunk(**changes: int) -> Any:
+        columns = list(footer.row_groups[0].columns)
+        columns[4] = dataclasses.replace(chunk, **changes)
+        group = dataclasses.replace(footer.row_groups[0], columns=tuple(columns))
+        return dataclasses.replace(footer, row_groups=(group,))
+
+    with pytest.raises(FooterError, match=f"declare {chunk.num_values} values, its metadata 1"):
+        read_pages(data, with_chunk(num_values=1))  # the lie the bomb told
+    with pytest.raises(FooterError, match="outside"):
+        read_pages(data, with_chunk(compressed_bytes=len(data)))
+    with pytest.raises(FooterError):
+        read_pages(data, with_chunk(start=chunk.start + 1))  # not at a page header
