@@ -359,17 +359,21 @@ async def _inbound_until_closed(self: Any, read_write_closer: Any, maddr: Any, f
         _release_inbound(self, ip)
 
 
-def _raise_open_file_limit(want: int) -> None:
-    """Lift the soft open-file limit towards `want` (one descriptor per connection), up to the hard one."""
+FD_HEADROOM = 256  # descriptors kept for files, databases and outbound HTTP besides the connections
+
+
+def _raise_open_file_limit(want: int) -> int:
+    """Lift the soft open-file limit towards `want` (one descriptor per connection), up to the hard one;
+    returns the limit in force."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = want if hard == resource.RLIM_INFINITY else min(want, hard)
     if soft != resource.RLIM_INFINITY and soft < target:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
         except (ValueError, OSError) as exc:
-            logger.warning("cannot raise the open-file limit to %d (%s): connections may fail", target, exc)
-    if target < want:
-        logger.warning("open-file limit %d is below the %d this node's connections may need", target, want)
+            logger.warning("cannot raise the open-file limit to %d (%s)", target, exc)
+    return want if soft == resource.RLIM_INFINITY else int(soft)
 
 
 def _ip_of(remote: Any) -> str:
@@ -722,6 +726,16 @@ class P2PNode:
 
     async def __aenter__(self) -> P2PNode:
         degree, low, high, heartbeat, spam = self._gossip_params
+        limit = _raise_open_file_limit(self.max_connections + FD_HEADROOM)
+        if limit - FD_HEADROOM < self.max_connections:  # past the limit every accept and open would fail
+            fits = max(RESERVED_OUTBOUND + 1, limit - FD_HEADROOM)
+            logger.warning(
+                "open-file limit %d: taking %d connections, not %d (raise `ulimit -n`)",
+                limit,
+                fits,
+                self.max_connections,
+            )
+            self.max_connections = fits
         host = new_host(
             key_pair=self._key_pair,
             listen_addrs=[self._listen],
@@ -735,7 +749,7 @@ class P2PNode:
                 max_connections_per_peer=1,
             ),
         )
-        _raise_open_file_limit(self.max_connections + 256)
+
         # The swarm's auto-connector aims at (low+high watermark)/2 = 150 connections and re-dials
         # every peer in the peerstore, dead ones included, with an INFO/ERROR log line per cycle.
         # No config value turns it off (the target is a midpoint), so its step is disabled here;
