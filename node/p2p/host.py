@@ -667,8 +667,9 @@ class P2PNode:
         them may be inbound. A node many peers dial (the coordinator) needs it above the pool's size; the
         open-file limit is raised to fit where the system allows.
 
-        ``is_member(address)`` says whether a peer is one of the pool's members (its requests in progress
-        draw on their own budget, out of reach of outsiders)."""
+        ``is_member(address)`` says whether a peer is one of the pool's members: their requests in
+        progress draw on a budget of their own, and non-members hold at most ``max_connections // 8``
+        inbound connections, both out of reach of outsiders."""
         if dht_interval <= 0 or dht_max_peers < 1:
             raise ValueError("dht_interval must be positive and dht_max_peers at least 1")
         if max_connections <= RESERVED_OUTBOUND:
@@ -680,6 +681,10 @@ class P2PNode:
         self._validator = validator
         self._on_bad_gossip = on_bad_gossip
         self._is_member = is_member
+        self.max_outsider_connections = max(16, max_connections // 8)
+        """Inbound connections of non-members (a joining node asking for its invitation) held at once:
+        outsiders that connect and idle cannot take the slots members need."""
+        self.inbound_outsiders_refused = 0
         self._bootstrap = list(bootstrap)
         self._gossip_params = (degree, degree_low, degree_high, heartbeat_interval, spam_limit_per_second)
         self.max_message_size = max_message_size
@@ -1125,6 +1130,10 @@ class P2PNode:
         now = time.monotonic()
         return {k: until - now for k, until in self._bans.items() if until > now}
 
+    def _member_peer(self, peer_id: ID) -> bool:
+        """Whether a peer is one of the pool's members (True for all when the node knows no membership)."""
+        return self._is_member is None or _allowed(self._is_member, _safe_address(peer_id))
+
     def _request_budgets(self, sender: str, ip: str) -> list[tuple[str, int]]:
         """The budgets (bookkeeping key, bytes) a request of `sender` from `ip` draws on."""
         if self._is_member is not None and _allowed(self._is_member, sender):
@@ -1178,6 +1187,13 @@ class P2PNode:
                 with suppress(Exception):
                     await muxed_conn.close()
                 raise SwarmException(f"peer {muxed_conn.peer_id} is banned")
+            if direction == "inbound" and not self._member_peer(muxed_conn.peer_id):
+                outsiders = sum(1 for pid in swarm.connections if not self._member_peer(pid))  # type: ignore[attr-defined]
+                if outsiders >= self.max_outsider_connections:
+                    self.inbound_outsiders_refused += 1
+                    with suppress(Exception):
+                        await muxed_conn.close()
+                    raise SwarmException(f"{outsiders} connections of non-members already")
             return await original(muxed_conn, direction)
 
         swarm.add_conn = add_conn  # type: ignore[attr-defined]

@@ -7,7 +7,9 @@ the library's behaviour: the last step fails.)"""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from contextlib import AsyncExitStack
 
 import multiaddr
 import trio
@@ -180,3 +182,35 @@ async def test_a_flood_from_one_network_is_capped_per_network() -> None:
         assert await _served(addr)
         for sock in held:
             sock.close()
+
+
+async def test_outsiders_that_connect_and_idle_cannot_take_the_members_slots() -> None:
+    """60 fresh non-member identities connect (a full handshake each) and stay; a node with 200 connections
+    takes at most 25 of them (`max_outsider_connections`), and a member still connects and is served."""
+    from node.p2p.network import PoolNetwork
+    from node.p2p.rules import Membership
+
+    keys = {n: bytes(Account.create().key) for n in ("coord", "member")}
+    addr = {n: Account.from_key(k).address for n, k in keys.items()}
+    snapshot = Membership(5, addr["coord"], frozenset(), frozenset({addr["member"]}))
+    async with PoolNetwork(
+        private_key=keys["coord"], pool=5, membership=lambda: snapshot, max_connections=200
+    ) as coord:
+        coord.node.set_handler("/intellect/test-echo/1", _echo)
+        target = coord.listen_addrs[0]
+        assert coord.node.max_outsider_connections == 25
+        async with AsyncExitStack() as stack:
+            connected = 0
+            for _ in range(60):
+                out = await stack.enter_async_context(P2PNode(private_key=bytes(Account.create().key)))
+                with contextlib.suppress(Exception), trio.fail_after(5):
+                    await out.connect(target)
+                    connected += 1
+            await trio.sleep(0.5)
+            print(f"\n[outsiders] {len(coord.node.peers)} of 60 idle outsiders hold a connection")
+            assert len(coord.node.peers) <= 25
+            assert coord.node.inbound_outsiders_refused >= 60 - 25
+            async with P2PNode(private_key=keys["member"]) as member:
+                with trio.fail_after(8):
+                    await member.connect(target)
+                    assert await member.request(target, "/intellect/test-echo/1", b"hi", timeout=5) == b"served hi"
