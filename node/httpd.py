@@ -98,14 +98,18 @@ async def serve(
     max_per_ip: int | None = None,
     trusted: Callable[[], Any] | None = None,
     reserved: int = 0,
+    members: Callable[[], Any] | None = None,
+    member_reserved: int = 0,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen on `host:port` (port 0: a free one) and accept until cancelled; each connection runs
     `handle(stream)` (which closes the stream) in its own task, at most `max_connections` at once and at
     most `max_per_ip` from one address (default: a quarter of them), so one host cannot take every slot.
     Addresses in `trusted()` (known relays) have no per-address cap and `reserved` slots beyond
-    `max_connections` that nobody else can take. The bound port is reported with
-    `task_status.started(port)` once accepting. The listeners are closed on exit."""
+    `max_connections` that nobody else can take. Addresses in `members()` (where the pool's members
+    connect from) keep the per-address cap and have `member_reserved` slots of their own beyond
+    `max_connections`, so outsiders that fill every other slot do not lock members out. The bound port
+    is reported with `task_status.started(port)` once accepting. The listeners are closed on exit."""
     listeners, bound = await _open_listeners(host, port)
     per_ip_cap = max_per_ip if max_per_ip is not None else max(1, max_connections // 4)
     used = 0
@@ -140,7 +144,10 @@ async def serve(
                 continue
             ip = peer_ip(stream)
             known = trusted is not None and ip in trusted()
-            full = used >= max_connections + (reserved if known else 0)
+            extra = reserved if known else 0
+            if not known and used >= max_connections and members is not None and ip in members():
+                extra = member_reserved
+            full = used >= max_connections + extra
             if full or (not known and per_ip.get(ip, 0) >= per_ip_cap):
                 if refusing >= max_connections:  # even the refusals are bounded
                     await trio.aclose_forcefully(stream)

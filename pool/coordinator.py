@@ -35,7 +35,7 @@ from node.chain.signing import RolloutClaim
 from node.daemon import ModelTools, connect_chain, count, model_tools, new_ledger_events, retry_rpc
 from node.p2p.blobs import BlobStore, serve_blobs
 from node.p2p.envelope import Envelope
-from node.p2p.host import COORDINATOR_MAX_CONNECTIONS
+from node.p2p.host import COORDINATOR_MAX_CONNECTIONS, P2PError
 from node.p2p.membership import ChainMembership
 from node.p2p.network import PoolNetwork
 from node.policy import HISTORY, PolicyAnnouncement, RelayBook, announcement_sources, parse_heartbeat, relay_url
@@ -156,6 +156,7 @@ class Coordinator:
         self.key = key
         self.metrics = metrics
         self._parse_limiter = trio.CapacityLimiter(4)  # rollout files parsed at once on submission
+        self._member_hosts: tuple[float, set[str]] = (-1e9, set())
         self.store = Store(cfg.data_dir / "coordinator.db", SCHEMA)
         self.store.add_column("rollouts", "signature", "TEXT")
         self.store.add_column("steps", "verified", "INTEGER NOT NULL DEFAULT 0")
@@ -273,6 +274,7 @@ class Coordinator:
                         functools.partial(
                             serve_weights, self.weights, cfg.weights_host, cfg.weights_port,
                             rate_limit_bytes_per_s=cfg.weights_rate, relay_hosts=self.relay_hosts,
+                            member_hosts=self.member_hosts,
                         )
                     )  # fmt: skip
                     self.origin_url = f"http://{cfg.weights_host}:{port}"
@@ -813,6 +815,19 @@ class Coordinator:
                 except ChainError as exc:
                     log.warning("ejecting %s failed: %s", node, exc)
                 self.heartbeats.pop(node, None)
+
+    def member_hosts(self) -> set[str]:
+        """Where the pool's members connect from (their libp2p connections to us), for the weight origin's
+        member slots; recomputed at most every 2 s (the origin asks on every connection past its cap)."""
+        now = time.monotonic()
+        if self.net is not None and now - self._member_hosts[0] > 2.0:
+            members = self.membership.snapshot() if self.membership is not None else None
+            try:
+                ips = self.net.node.peer_ips(lambda a: members is not None and members.role(a) is not None)
+            except P2PError:  # the host is not up yet
+                ips = set()
+            self._member_hosts = (now, ips)
+        return self._member_hosts[1]
 
     def relay_hosts(self) -> set[str]:
         """IP addresses of the listed relays (those the announcement lists as sources): only their requests

@@ -879,6 +879,20 @@ class P2PNode:
         """Peers with an open connection."""
         return list(self._require_host().get_connected_peers())
 
+    def peer_ips(self, address_ok: Callable[[str], bool]) -> set[str]:
+        """Remote IP addresses of the open connections of peers whose address `address_ok` accepts."""
+        swarm = self._require_host().get_network()
+        out: set[str] = set()
+        for peer_id, conns in list(swarm.connections.items()):  # type: ignore[attr-defined]
+            if not _allowed(address_ok, _safe_address(peer_id)):
+                continue
+            for conn in conns if isinstance(conns, list) else [conns]:
+                with suppress(Exception):
+                    remote = conn.muxed_conn.get_remote_address()
+                    if remote:
+                        out.add(str(remote[0]))
+        return out
+
     @property
     def gossip_peers(self) -> list[ID]:
         """Peers with an open pubsub stream (what gossip can reach)."""

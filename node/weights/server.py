@@ -52,6 +52,7 @@ MAX_REQUESTS_PER_CONNECTION = 10_000
 IDLE_TIMEOUT = 30.0  # waiting for (the rest of) a request head
 HEAD_TIMEOUT = 10.0  # for a whole request head, once its first byte may come (slowloris)
 RELAY_RESERVED = 32  # connection slots only known relays may take
+MEMBER_RESERVED = 64  # connection slots kept for the addresses the pool's members connect from
 SEND_STALL_TIMEOUT = 30.0  # one chunk not accepted by the peer for this long: drop the connection
 SHARD_WAIT = 60.0  # a relay waits this long for a shard still being fetched before answering 503
 SEND_CHUNK = 128 * 1024
@@ -425,6 +426,7 @@ async def serve_weights(
     max_connections: int = MAX_CONNECTIONS,
     shard_wait: float = SHARD_WAIT,
     relay_hosts: Callable[[], Collection[str]] | None = None,
+    member_hosts: Callable[[], Collection[str]] | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``store`` on ``host:port`` until cancelled; reports the bound port via ``task_status``.
@@ -434,6 +436,8 @@ async def serve_weights(
     Requests with the relay header are served first under the cap (strict priority). With
     ``relay_hosts`` (the IP addresses of the known relays, asked per request) only connections from
     those addresses get that priority, so an ordinary client cannot claim it and starve the others.
+    With ``member_hosts`` (where the pool's members connect from) `MEMBER_RESERVED` connections are kept
+    for them: outsiders that take every other slot do not lock the members out of their weights.
     """
     limiter = RateLimiter(rate_limit_bytes_per_s) if rate_limit_bytes_per_s else None
 
@@ -442,7 +446,8 @@ async def serve_weights(
 
     await httpd.serve(
         host, port, handle, max_connections=max_connections, what="weights server",
-        trusted=relay_hosts, reserved=RELAY_RESERVED if relay_hosts is not None else 0, task_status=task_status,
+        trusted=relay_hosts, reserved=RELAY_RESERVED if relay_hosts is not None else 0,
+        members=member_hosts, member_reserved=MEMBER_RESERVED, task_status=task_status,
     )  # fmt: skip
 
 

@@ -84,3 +84,42 @@ async def test_slowloris_leaves_honest_clients_served(tmp_path: Path, server: st
             await trio.aclose_forcefully(s)
         nursery.cancel_scope.cancel()
     assert cap // 4 < 256
+
+
+def _get_from(url: str, source_ip: str) -> int:
+    transport = httpx.HTTPTransport(local_address=source_ip)
+    with httpx.Client(timeout=5.0, transport=transport) as c:
+        return c.get(url).status_code
+
+
+async def test_outsiders_that_fill_the_origin_do_not_lock_members_out(tmp_path: Path) -> None:
+    """Four addresses each take their quarter of the origin's connections with unfinished request heads:
+    every ordinary slot is held. A client from an outsider's address gets 503; a member (an address its
+    libp2p connection comes from, `member_hosts`) is served from the slots kept for members."""
+    from node.weights.server import MEMBER_RESERVED
+
+    cap = 8
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(
+            functools.partial(
+                serve_weights, WeightStore(tmp_path / "w"), "127.0.0.1", 0, max_connections=cap,
+                relay_hosts=lambda: set(), member_hosts=lambda: {"127.0.0.9"},
+            )
+        )  # fmt: skip
+        held = []
+        for ip in ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"):
+            for _ in range(cap // 4):
+                sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                await sock.bind((ip, 0))
+                await sock.connect(("127.0.0.1", port))
+                stream = trio.SocketStream(sock)
+                await stream.send_all(b"GET /versions HTTP/1.1\r\n")  # and the rest of the head never comes
+                held.append(stream)
+        await trio.sleep(0.5)
+        url = f"http://127.0.0.1:{port}/versions"
+        assert await trio.to_thread.run_sync(_get_from, url, "127.0.0.6") == 503
+        assert await trio.to_thread.run_sync(_get_from, url, "127.0.0.9") == 200
+        assert MEMBER_RESERVED > 0
+        for s in held:
+            await trio.aclose_forcefully(s)
+        nursery.cancel_scope.cancel()

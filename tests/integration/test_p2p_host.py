@@ -424,3 +424,13 @@ async def test_yamux_credit_goes_back_in_batches_not_per_message(monkeypatch: py
             reply = await a.request(b.peer_id, "/test/bulk/1", big, timeout=30)
         assert reply == struct.pack(">I", len(big)) + big[-16:]
         nursery.cancel_scope.cancel()
+
+
+async def test_peer_ips_names_where_chosen_peers_connect_from() -> None:
+    async with AsyncExitStack() as stack:
+        a, b, c = await start(stack, 3)
+        await b.connect(a.listen_addrs[0])
+        await c.connect(a.listen_addrs[0])
+        assert a.peer_ips(lambda address: address == b.address) == {"127.0.0.1"}
+        assert a.peer_ips(lambda address: False) == set()
+        assert a.peer_ips(lambda address: 1 / 0 > 0) == set()  # a predicate that raises selects nobody
