@@ -9,21 +9,14 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 
 import trio
-from eth_account import Account
 from libp2p.crypto.secp256k1 import create_new_key_pair
 from libp2p.pubsub.pb import rpc_pb2
 
 from node.p2p.envelope import Envelope, RejectReason
-from node.p2p.network import PoolNetwork
-from node.p2p.rules import Membership
+from tests.adversarial.test_gossip_flood import _collect, pool_of
 
 POOL = 11
 FORGED = 40
-
-
-async def _collect(chan: trio.MemoryReceiveChannel[Envelope], out: list[Envelope]) -> None:
-    async for env in chan:
-        out.append(env)
 
 
 def _forged(topic: str, author: bytes, seq: int, data: bytes) -> rpc_pb2.Message:
@@ -36,15 +29,9 @@ def _forged(topic: str, author: bytes, seq: int, data: bytes) -> rpc_pb2.Message
 
 
 async def test_forged_gossip_is_charged_to_its_forwarder_and_gets_it_banned() -> None:
-    keys = {name: bytes(Account.create().key) for name in ("coord", "forger", "honest")}
-    addr = {name: Account.from_key(k).address for name, k in keys.items()}
-    snapshot = Membership(POOL, addr["coord"], frozenset(), frozenset({addr["forger"], addr["honest"]}))
     got: list[Envelope] = []
     async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
-        nets = {
-            n: await stack.enter_async_context(PoolNetwork(private_key=k, pool=POOL, membership=lambda: snapshot))
-            for n, k in keys.items()
-        }
+        nets = await pool_of(stack, POOL, ("forger", "honest"))
         coord, forger, honest = nets["coord"], nets["forger"], nets["honest"]
         nursery.start_soon(_collect, coord.subscribe("heartbeat"), got)
         await forger.connect(coord.listen_addrs[0])

@@ -25,16 +25,22 @@ async def _collect(chan: trio.MemoryReceiveChannel[Envelope], out: list[Envelope
         out.append(env)
 
 
-async def test_a_flooding_member_cannot_crowd_out_the_others_heartbeats() -> None:
-    keys = {name: bytes(Account.create().key) for name in ("coord", "flooder", "honest")}
+async def pool_of(stack: AsyncExitStack, pool: int, members: tuple[str, ...]) -> dict[str, PoolNetwork]:
+    """A coordinator ("coord") and `members`, each a PoolNetwork with a fresh key on 127.0.0.1, entered on
+    `stack`, all with the same membership snapshot; not yet connected."""
+    keys = {name: bytes(Account.create().key) for name in ("coord", *members)}
     addr = {name: Account.from_key(k).address for name, k in keys.items()}
-    snapshot = Membership(POOL, addr["coord"], frozenset(), frozenset({addr["flooder"], addr["honest"]}))
+    snapshot = Membership(pool, addr["coord"], frozenset(), frozenset(addr[m] for m in members))
+    return {
+        n: await stack.enter_async_context(PoolNetwork(private_key=k, pool=pool, membership=lambda: snapshot))
+        for n, k in keys.items()
+    }
+
+
+async def test_a_flooding_member_cannot_crowd_out_the_others_heartbeats() -> None:
     got: list[Envelope] = []
     async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
-        nets = {
-            n: await stack.enter_async_context(PoolNetwork(private_key=k, pool=POOL, membership=lambda: snapshot))
-            for n, k in keys.items()
-        }
+        nets = await pool_of(stack, POOL, ("flooder", "honest"))
         coord, flooder, honest = nets["coord"], nets["flooder"], nets["honest"]
         nursery.start_soon(_collect, coord.subscribe("heartbeat"), got)
         await flooder.connect(coord.listen_addrs[0])
