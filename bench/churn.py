@@ -54,7 +54,8 @@ async def _serve() -> None:
             print(json.dumps({"slots": limiter.borrowed_tokens, "peerstore": peers}), flush=True)
 
 
-async def _cycle(addr: str) -> None:
+async def fresh_peer_cycle(addr: str) -> None:
+    """One connect and disconnect to `addr` from a new libp2p host with a new key (the churn tests use it)."""
     from libp2p import new_host
     from libp2p.crypto.secp256k1 import create_new_key_pair
     from libp2p.peer.peerinfo import info_from_p2p_addr
@@ -75,7 +76,7 @@ async def _churn(addr: str, cycles: int, dialers: int) -> tuple[int, float]:
         nonlocal failed, done
         for _ in range(n):
             try:
-                await _cycle(addr)
+                await fresh_peer_cycle(addr)
             except Exception:
                 failed += 1
             done += 1

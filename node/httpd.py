@@ -2,8 +2,9 @@
 (`node.weights.server`): trio listeners, h11 event reading, and an accept loop with a cap on concurrent
 connections. Each server brings its own per-connection handler (routing, limits, bodies).
 
-Over the cap (or over the per-address cap), a connection gets a short 503 and is closed; the refusals themselves are bounded (at
-most as many in flight as the cap), so a flood of connections costs a bounded amount of work.
+Over the cap (or over the per-address cap), a connection gets a short 503 and is closed; the refusals
+themselves are bounded (at most as many in flight as the cap), so a flood of connections costs a bounded
+amount of work.
 """
 
 from __future__ import annotations

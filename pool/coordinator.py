@@ -821,9 +821,8 @@ class Coordinator:
         member slots; recomputed at most every 2 s (the origin asks on every connection past its cap)."""
         now = time.monotonic()
         if self.net is not None and now - self._member_hosts[0] > 2.0:
-            members = self.membership.snapshot() if self.membership is not None else None
             try:
-                ips = self.net.node.peer_ips(lambda a: members is not None and members.role(a) is not None)
+                ips = self.net.node.peer_ips(self.may_use_blobs)  # members and validators
             except P2PError:  # the host is not up yet
                 ips = set()
             self._member_hosts = (now, ips)

@@ -186,9 +186,12 @@ async def _batched_window_update(self: Any, *, bytes_read: int = 0) -> None:
 if "PY_YAMUX_PARTIAL_SLACK" not in os.environ:  # an explicit setting keeps the library's behaviour
     _yamux_module.YamuxStream._auto_tune_and_send_window_update = _batched_window_update  # type: ignore[method-assign]
 
-# The library version the patches below were written for (a newer one may fix these differently).
+# The library version the patches below were written for (a newer one may fix these differently);
+# INTELLECT_LIBP2P_UNPATCHED=1 keeps the library's own code (tests show the difference).
 _PATCHED_LIBP2P = "0.8.1"
-_libp2p_version = importlib.metadata.version("libp2p")
+_PATCH_LIBP2P = importlib.metadata.version("libp2p") == _PATCHED_LIBP2P and not os.environ.get(
+    "INTELLECT_LIBP2P_UNPATCHED"
+)
 
 # Yamux receive buffers. py-libp2p 0.8.1 appends every DATA frame to its stream's buffer and only logs a
 # warning when a peer sends past the window it was granted, so one stream nobody reads (a request we have
@@ -249,7 +252,7 @@ def _yamux_init(self: Any, *args: Any, **kwargs: Any) -> None:
     self.stream_backlog_semaphore = trio.Semaphore(YAMUX_STREAM_BACKLOG)
 
 
-if _libp2p_version == _PATCHED_LIBP2P and not os.environ.get("INTELLECT_LIBP2P_UNPATCHED"):
+if _PATCH_LIBP2P:
     _yamux_module.Yamux.__init__ = _yamux_init  # type: ignore[method-assign]
 
 # Inbound connection slots. py-libp2p 0.8.1's swarm takes a slot of its inbound limiter (max_connections -
@@ -287,7 +290,8 @@ def _prefix_of(ip: str) -> str:
 
 
 def _admit_inbound(swarm: Any, ip: str) -> str | None:
-    """Why a new inbound connection from `ip` is refused, or None (then counted in; see `_release`)."""
+    """Why a new inbound connection from `ip` is refused, or None (then counted in until
+    `_release_inbound`)."""
     counts = _inbound_per_ip.setdefault(swarm, {})
     prefix = "net:" + _prefix_of(ip)
     rate = _inbound_rate.get(swarm)
@@ -385,7 +389,7 @@ def _ip_of(remote: Any) -> str:
     return ""
 
 
-if _libp2p_version == _PATCHED_LIBP2P and not os.environ.get("INTELLECT_LIBP2P_UNPATCHED"):
+if _PATCH_LIBP2P:
     _swarm_module.Swarm._do_handle_inbound_connection = _inbound_until_closed  # type: ignore[method-assign]
 
 # Signed peer records ride on every pubsub RPC.  py-libp2p rebuilds ours per RPC *sent* (re-parsing our
@@ -717,7 +721,7 @@ class P2PNode:
         self._joined: set[str] = set()
         self._handlers: dict[str, Handler] = {}
         self._streams_in_progress: defaultdict[str, int] = defaultdict(int)
-        self._request_bytes: defaultdict[str, int] = defaultdict(int)  # per remote IP, "" = the whole node
+        self._request_bytes: defaultdict[str, int] = defaultdict(int)  # per budget key (`_request_budgets`)
         self.requests_refused: Counter[str] = Counter()
         """Requests refused before their body was read, per reason (busy, not-allowed, streams)."""
         self._publish_times: deque[float] = deque(maxlen=10_000)
@@ -1306,9 +1310,10 @@ class P2PNode:
         A request larger than ``max_request`` is refused from its length prefix, before its body is read
         (nothing is buffered for it); the whole request must arrive within ``read_timeout`` (a slow
         sender holds no stream for long); ``timeout`` bounds request, handler and reply together. One
-        peer may have at most ``MAX_STREAMS_PER_PEER`` requests in progress on this node at once, one IP
-        address at most ``MAX_REQUEST_BYTES_PER_IP`` bytes of them. ``allow(sender)``, when given, is
-        asked before anything is read: a sender it refuses gets a one-line refusal."""
+        peer may have at most ``MAX_STREAMS_PER_PEER`` requests in progress on this node at once, and
+        their bytes are reserved from the length prefix against the budgets of `_request_budgets` (the
+        members', or an outsider's address, network and all outsiders'). ``allow(sender)``, when given,
+        is asked before anything is read: a sender it refuses gets a one-line refusal."""
         self._handlers[protocol_id] = handler
         limit = min(max_request, self.max_request_size)
 

@@ -11,26 +11,14 @@ import contextlib
 import time
 from contextlib import AsyncExitStack
 
-import multiaddr
 import trio
 from eth_account import Account
-from libp2p import new_host
-from libp2p.crypto.secp256k1 import create_new_key_pair
-from libp2p.peer.peerinfo import info_from_p2p_addr
 
+from bench.churn import fresh_peer_cycle
 from node.p2p.host import P2PNode
 
 CYCLES = 1000  # four times the library's 250 inbound slots
 DIALERS = 20  # fresh identities dialing at once, each connect / close / next identity
-
-
-async def _fresh_peer_cycle(addr: str) -> None:
-    host = new_host(key_pair=create_new_key_pair(), muxer_preference="YAMUX")
-    async with host.run(listen_addrs=[]):
-        info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
-        with trio.fail_after(20):
-            await host.connect(info)
-        await host.disconnect(info.peer_id)
 
 
 async def test_inbound_slots_come_back_after_hundreds_of_fresh_peers() -> None:
@@ -49,7 +37,7 @@ async def test_inbound_slots_come_back_after_hundreds_of_fresh_peers() -> None:
             nonlocal failures
             for _ in range(n):
                 try:
-                    await _fresh_peer_cycle(addr)
+                    await fresh_peer_cycle(addr)
                 except Exception:
                     failures += 1
 
