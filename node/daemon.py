@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,6 +212,21 @@ def setup_logging(verbose: bool = False) -> None:
     quiet_libp2p_logs()
     for noisy in ("httpx", "httpcore", "vllm", "transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    sys.unraisablehook = log_unraisable
+
+
+def log_unraisable(u: Any) -> None:
+    """Python's hook for exceptions nobody can catch (a finaliser, a coroutine closed by the garbage
+    collector). They go to the daemon's log with the object, the thread and the traceback, so an
+    intermittent one (e.g. async code closed outside trio's context) can be traced to its source."""
+    import threading
+    import traceback
+
+    tb = "".join(traceback.format_exception(u.exc_type, u.exc_value, u.exc_traceback))
+    logging.getLogger("intellect.unraisable").error(
+        "%s %r in thread %s:\n%s", u.err_msg or "Exception ignored in", u.object,
+        threading.current_thread().name, tb.rstrip(),
+    )  # fmt: skip
 
 
 def count(metrics: Any, name: str, value: float = 1.0, **labels: str) -> None:
