@@ -66,6 +66,11 @@ class Metrics:
         self.work_records_submitted = Counter(
             "intellect_work_records_submitted", "Work records submitted on chain.", registry=r
         )
+        self.work_records_unfunded = Counter(
+            "intellect_work_records_unfunded",
+            "Accepted rollouts held back because the pool's budget could not reserve their rewards.",
+            registry=r,
+        )
         self.invalidations = Counter("intellect_invalidations", "Work invalidations sent.", registry=r)
         self.trainer_rejected = Counter(
             "intellect_trainer_rejected", "Rollouts the trainer's checks refused to train on.", registry=r

@@ -3,7 +3,9 @@ checks that make its failure readable before any gas is spent."""
 
 from __future__ import annotations
 
+import logging
 import secrets
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +19,8 @@ from .chain.errors import ChainError
 from .chain.messages import POOL_STATUS, RECORD_STATUS, tokens
 from .chain.signing import Invite, RolloutClaim, sign_node_binding
 from .chain.tx import Receipt
+
+log = logging.getLogger(__name__)
 
 MAX_BATCH = 512
 
@@ -271,9 +275,38 @@ async def claimable_keys(c: ChainClient, pool_id: int, provider: str) -> list[st
     ]
 
 
+def why_not_claimable(work_key: str, rec: dict[str, Any], provider: str, now: int) -> str | None:
+    """Why `provider` cannot claim the record `rec` at chain time `now` (None: it can). Pure."""
+    status = RECORD_STATUS[int(rec["status"])]
+    if status == "none":
+        return f"no work {work_key} is recorded in this pool"
+    if status != "pending":
+        return f"work {work_key} is already {status}"
+    if checksum(str(rec["provider"])) != checksum(provider):
+        return f"work {work_key} belongs to provider {rec['provider']}"
+    if now < int(rec["deadline"]):
+        until = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(int(rec["deadline"])))
+        return f"work {work_key} is still in its validation window until {until}"
+    return None
+
+
 async def claim(c: ChainClient, pool_id: int, keys: Sequence[str] | None = None) -> tuple[int, list[Receipt]]:
-    """Claim `keys` (default: every claimable record of the caller). Returns (tokens, receipts)."""
-    todo = list(keys) if keys is not None else await claimable_keys(c, pool_id, c.address)
+    """Claim `keys` (default: every claimable record of the caller). Returns (tokens, receipts).
+    Named keys that cannot be claimed now are explained and left out (the ledger skips them too);
+    it is an error only when none can."""
+    if keys is None:
+        todo = await claimable_keys(c, pool_id, c.address)
+    else:
+        now = await c.timestamp()
+        todo, why = [], []
+        for k in keys:
+            reason = why_not_claimable(k, await record(c, pool_id, k), c.address, now)
+            (why.append(reason) if reason else todo.append(k))
+        if why and not todo:
+            raise ChainError(f"nothing to claim: {why[0]}" + (f" (and {len(why) - 1} more)" if len(why) > 1 else ""),
+                             "work is claimable by its provider once its validation window ends")  # fmt: skip
+        for reason in why:
+            log.warning("not claimed: %s", reason)
     if not todo:
         raise ChainError(
             f"nothing to claim in pool {pool_id}", "work becomes claimable when its validation window ends"

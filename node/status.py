@@ -83,6 +83,7 @@ async def provider_status(
 
     info = await c.call("ProviderRegistry", "getProvider", who, block=tag)
     required = int(await c.call("ProviderRegistry", "requiredStake", who, block=tag))
+    locked_until = int(await c.call("WorkLedger", "lockedUntil", who, block=tag))
     balance = int(await c.call("IntellectToken", "balanceOf", who, block=tag))
 
     reg_events = await c.events(["ProviderRegistry"], to_block=block, topics=[None, topic(who)])
@@ -214,6 +215,7 @@ async def provider_status(
             "staked": staked,
             "unbonding": int(info["unbonding"]),
             "unbonding_end": int(info["unbondingEnd"]),
+            "locked_until": locked_until,
             "required": required,
             "pool_min_stake": int(pool["minStake"]),
             "meets_required": staked >= required,
@@ -254,6 +256,11 @@ def format_status(st: dict[str, Any], limit: int = HUMAN_LIMIT) -> list[str]:
             f" pool minimum {tokens(p['pool_min_stake'])}), unbonding {tokens(p['unbonding'])}"
             + (f" until {_when(p['unbonding_end'])}" if p["unbonding"] else "")
         )
+        if p["locked_until"] > st["timestamp"]:
+            lines.append(
+                f"         withdrawals locked until {_when(p['locked_until'])}: recorded work can be invalidated"
+                " until then"
+            )
         lines.append(
             f"         token balance {tokens(p['token_balance'])}; deposited {tokens(p['deposited'])},"
             f" withdrawn {tokens(p['withdrawn'])}, slashed {tokens(p['slashed'])}"

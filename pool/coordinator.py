@@ -182,6 +182,7 @@ class Coordinator:
         self._announce_now = trio.Event()
         self.outsiders: dict[str, float] = {}
         self.invite_replies: dict[str, tuple[float, bytes]] = {}
+        self._unfunded_warned = -1e9
 
     # ------------------------------------------------------------------ status
 
@@ -712,10 +713,19 @@ class Coordinator:
         ledger refuses its records). Raises ChainError if that fails: the caller must not eject then.
         Every batch settles each row it reads (recorded, found recorded already, or dropped), so the loop
         ends when none is left."""
+        left = -1
         for _ in range(10_000):
             await self.record_pending(node)
-            if not self.store.scalar("SELECT COUNT(*) FROM rollouts WHERE status = 'accepted' AND node = ?", (node,)):
+            n = self.store.scalar("SELECT COUNT(*) FROM rollouts WHERE status = 'accepted' AND node = ?", (node,))
+            if not n:
                 return
+            if n == left:  # no progress: the pool's budget cannot reserve the rewards
+                raise ChainError(
+                    f"{n} accepted rollout(s) of {node} cannot be recorded: the pool's budget cannot reserve "
+                    "their rewards",
+                    "fund the pool (`intellect-node pool fund`)",
+                )
+            left = n
 
     async def record_pending(self, node: str | None = None) -> int:
         """Record up to one batch of accepted rollouts (of `node` only, when given); returns how many
@@ -739,14 +749,19 @@ class Coordinator:
             if rec["status"] != 0:  # recorded by a batch whose receipt a crash kept us from seeing
                 self.store.execute("UPDATE rollouts SET status = 'recorded' WHERE work_key = ?", (r["work_key"],))
                 continue
-            if not await retry_rpc(lambda r=r: c.call("PoolManager", "isMember", pool, r["node"]), "membership"):
+            why = int(await retry_rpc(lambda r=r: c.call("WorkLedger", "recordable", pool, r["node"]), "recordable"))
+            if why != 0:
+                # 1: not a member any more; 2: its provider's stake fell below the pool's minimum (only a
+                # slash can do that: unstaking below it is refused), and the ledger records nothing then.
+                note = "node left the pool before recording" if why == 1 else "provider's stake is below the minimum"
                 self.store.execute(
-                    "UPDATE rollouts SET status = 'dropped', note = 'node left the pool before recording' "
-                    "WHERE work_key = ?",
-                    (r["work_key"],),
+                    "UPDATE rollouts SET status = 'dropped', note = ? WHERE work_key = ?", (note, r["work_key"])
                 )
                 continue
             todo.append(r)
+        if not todo:
+            return 0
+        todo = await self._within_budget(todo)
         if not todo:
             return 0
         items = [
@@ -762,6 +777,32 @@ class Coordinator:
         self._count("chain_tx_sent", kind="recordWork")
         log.info("recorded %d rollouts on chain in %s", len(todo), tx)
         return len(todo)
+
+    async def _within_budget(self, rows: list[Any]) -> list[Any]:
+        """The longest prefix of `rows` whose rewards the pool's unreserved budget covers: recording
+        reserves each reward, and the ledger refuses a batch the budget cannot cover. What does not fit
+        stays accepted until the pool is funded."""
+        assert self.chain is not None
+        c, pool = self.chain, self.cfg.pool_id
+        free = int(await retry_rpc(lambda: c.call("WorkLedger", "surplus", pool), "pool surplus"))
+        rate = int((await retry_rpc(lambda: c.call("PoolManager", "poolTerms", pool), "pool terms"))["rewardRate"])
+        fit, owed = [], 0
+        for r in rows:
+            owed += int(r["units"]) * rate
+            if owed > free:
+                break
+            fit.append(r)
+        if len(fit) < len(rows):
+            self._count("work_records_unfunded", len(rows) - len(fit))
+            now = time.monotonic()
+            if now - self._unfunded_warned > 60:
+                self._unfunded_warned = now
+                log.warning(
+                    "pool %d cannot reserve the rewards of %d accepted rollout(s) (unreserved budget %d): "
+                    "they wait until the owner funds the pool (`intellect-node pool fund`)",
+                    pool, len(rows) - len(fit), free,
+                )  # fmt: skip
+        return fit
 
     async def _orphan_loop(self) -> None:
         while True:

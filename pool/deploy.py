@@ -67,6 +67,9 @@ async def deploy(
     reg = abi.load("ProviderRegistry")
     await sender.send(registry, reg.fn("setPoolManager").encode([pools]), what="wire registry to pool manager")
     await sender.send(
+        registry, reg.fn("setStakeLock").encode([ledger]), what="wire registry to the ledger's stake lock"
+    )
+    await sender.send(
         registry, reg.fn("grantRole").encode([SLASHER_ROLE, ledger]), what="grant the ledger SLASHER_ROLE"
     )
     for v in params.validators:

@@ -59,6 +59,13 @@ contract PoolManager is IPoolMembership, EIP712 {
         uint64 validationWindow;
         uint128 rewardRate;
         uint128 slashAmount;
+        uint256 minStake;
+    }
+
+    /// @notice A provider's memberships and the stake they require (see `stakeFloor`).
+    struct Floor {
+        uint32 memberships;
+        uint224 stake;
     }
 
     /// @notice A node's pool and its provider at join time (nodes cannot change provider while in a pool).
@@ -77,6 +84,7 @@ contract PoolManager is IPoolMembership, EIP712 {
     mapping(address => Membership) private _membership;
     mapping(uint256 => mapping(uint256 => bool)) private _inviteUsed;
     mapping(uint256 => mapping(address => bool)) private _blacklisted;
+    mapping(address => Floor) private _floors;
 
     event PoolCreated(
         uint256 indexed poolId,
@@ -210,6 +218,12 @@ contract PoolManager is IPoolMembership, EIP712 {
         _inviteUsed[poolId][nonce] = true;
         _membership[node] = Membership({poolId: uint48(poolId), joinedAt: uint48(block.timestamp), provider: provider});
         p.members += 1;
+        // The provider may not unstake below the highest minimum among its pools (registry.unstake asks).
+        // O(1): the floor only falls when the provider's last membership ends.
+        Floor storage f = _floors[provider];
+        f.memberships += 1;
+        uint224 min = p.minStake > type(uint224).max ? type(uint224).max : uint224(p.minStake);
+        if (min > f.stake) f.stake = min;
         emit NodeJoined(poolId, node, provider, nonce);
     }
 
@@ -247,6 +261,11 @@ contract PoolManager is IPoolMembership, EIP712 {
         return _membership[node].poolId;
     }
 
+    /// @inheritdoc IPoolMembership
+    function stakeFloor(address provider) external view returns (uint256) {
+        return _floors[provider].stake;
+    }
+
     /// @notice A node's membership (pool id 0 when none) and when it joined.
     function membershipOf(address node) external view returns (Membership memory) {
         return _membership[node];
@@ -280,7 +299,8 @@ contract PoolManager is IPoolMembership, EIP712 {
             status: p.status,
             validationWindow: p.validationWindow,
             rewardRate: p.rewardRate,
-            slashAmount: p.slashAmount
+            slashAmount: p.slashAmount,
+            minStake: p.minStake
         });
     }
 
@@ -326,8 +346,12 @@ contract PoolManager is IPoolMembership, EIP712 {
     }
 
     function _remove(uint256 poolId, address node) private {
-        if (_membership[node].poolId != poolId) revert NotInPool(node, poolId);
+        Membership memory m = _membership[node];
+        if (m.poolId != poolId) revert NotInPool(node, poolId);
         delete _membership[node];
         _pools[poolId].members -= 1;
+        Floor storage f = _floors[m.provider];
+        f.memberships -= 1;
+        if (f.memberships == 0) f.stake = 0;
     }
 }

@@ -7,6 +7,7 @@ import {AccessControl} from "@openzeppelin/contracts/access/AccessControl.sol";
 import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
 import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
 import {IPoolMembership} from "./interfaces/IPoolMembership.sol";
+import {IStakeLock} from "./interfaces/IStakeLock.sol";
 
 /// @title ProviderRegistry
 /// @notice Compute providers, their nodes and their stake.
@@ -52,6 +53,9 @@ contract ProviderRegistry is AccessControl, EIP712 {
     address public treasury;
     /// @notice Consulted before a node is removed; set once by the admin.
     IPoolMembership public poolManager;
+    /// @notice Consulted before a withdrawal (the work ledger: stake stays until the provider's recorded
+    /// work can no longer be slashed); set once by the admin.
+    IStakeLock public stakeLock;
     /// @notice Seconds between unstaking and withdrawing.
     uint64 public unbondingPeriod;
     /// @notice Stake a provider must keep per compute unit of its nodes.
@@ -88,6 +92,7 @@ contract ProviderRegistry is AccessControl, EIP712 {
     );
     event TreasuryUpdated(address treasury);
     event PoolManagerSet(address poolManager);
+    event StakeLockSet(address stakeLock);
     event ParametersUpdated(
         uint64 unbondingPeriod, uint256 stakePerComputeUnit, uint256 minProviderStake, uint16 bountyBps, uint256 maxBounty
     );
@@ -100,6 +105,8 @@ contract ProviderRegistry is AccessControl, EIP712 {
     error InsufficientStake(uint256 staked, uint256 requested);
     error NothingUnbonding(address provider);
     error StillUnbonding(uint64 unbondingEnd, uint64 nowTime);
+    error StakeLocked(uint64 lockedUntil, uint64 nowTime);
+    error StakeLockAlreadySet(address stakeLock);
     error NodeAlreadyRegistered(address node, address provider);
     error UnknownNode(address node);
     error NotNodeProvider(address node, address caller);
@@ -166,12 +173,13 @@ contract ProviderRegistry is AccessControl, EIP712 {
     }
 
     /// @notice Moves stake into unbonding; the unbonding timer restarts with every request.
-    /// @param amount Tokens to unstake; what stays staked must cover the provider's compute units.
+    /// @param amount Tokens to unstake; what stays staked must cover the provider's compute units and
+    /// the minimum stake of the pools its nodes are in (`requiredStake`).
     function unstake(uint256 amount) external {
         Provider storage p = _registered(msg.sender);
         if (amount == 0) revert ZeroAmount();
         if (amount > p.staked) revert InsufficientStake(p.staked, amount);
-        uint256 need = uint256(p.computeUnits) * stakePerComputeUnit;
+        uint256 need = requiredStake(msg.sender);
         if (p.staked - amount < need) revert StakeTooLow(p.staked - amount, need);
         p.staked -= amount;
         p.unbonding += amount;
@@ -182,12 +190,17 @@ contract ProviderRegistry is AccessControl, EIP712 {
         emit UnstakeRequested(msg.sender, amount, p.unbonding, end);
     }
 
-    /// @notice Withdraws all unbonding tokens once the unbonding period is over.
+    /// @notice Withdraws all unbonding tokens once the unbonding period is over and no recorded work of
+    /// the provider can still be invalidated (the stake lock), so leaving never escapes a slash.
     function withdraw() external {
         Provider storage p = _registered(msg.sender);
         uint256 amount = p.unbonding;
         if (amount == 0) revert NothingUnbonding(msg.sender);
         if (block.timestamp < p.unbondingEnd) revert StillUnbonding(p.unbondingEnd, uint64(block.timestamp));
+        if (address(stakeLock) != address(0)) {
+            uint64 until = stakeLock.lockedUntil(msg.sender);
+            if (block.timestamp < until) revert StakeLocked(until, uint64(block.timestamp));
+        }
         p.unbonding = 0;
         p.withdrawn += amount;
         totalUnbonding -= amount;
@@ -280,6 +293,15 @@ contract ProviderRegistry is AccessControl, EIP712 {
         emit PoolManagerSet(address(pm));
     }
 
+    /// @notice Sets the stake lock consulted by `withdraw` (the work ledger). Once only.
+    /// @param lock The stake lock.
+    function setStakeLock(IStakeLock lock) external onlyRole(DEFAULT_ADMIN_ROLE) {
+        if (address(lock) == address(0)) revert ZeroAddress();
+        if (address(stakeLock) != address(0)) revert StakeLockAlreadySet(address(stakeLock));
+        stakeLock = lock;
+        emit StakeLockSet(address(lock));
+    }
+
     /// @notice Changes the treasury.
     /// @param treasury_ The new treasury.
     function setTreasury(address treasury_) external onlyRole(DEFAULT_ADMIN_ROLE) {
@@ -339,9 +361,11 @@ contract ProviderRegistry is AccessControl, EIP712 {
         return _providers[provider].staked;
     }
 
-    /// @notice Stake a provider must keep for the compute units of its nodes.
-    function requiredStake(address provider) external view returns (uint256) {
-        return uint256(_providers[provider].computeUnits) * stakePerComputeUnit;
+    /// @notice Stake a provider must keep: enough for the compute units of its nodes, and at least the
+    /// minimum stake of the pools its nodes are in.
+    function requiredStake(address provider) public view returns (uint256 need) {
+        need = uint256(_providers[provider].computeUnits) * stakePerComputeUnit;
+        if (address(poolManager) != address(0)) need = _max(need, poolManager.stakeFloor(provider));
     }
 
     /// @notice Whether `account` holds the validator role.

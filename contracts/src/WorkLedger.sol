@@ -5,6 +5,7 @@ import {IERC20} from "@openzeppelin/contracts/token/ERC20/IERC20.sol";
 import {SafeERC20} from "@openzeppelin/contracts/token/ERC20/utils/SafeERC20.sol";
 import {ProviderRegistry} from "./ProviderRegistry.sol";
 import {PoolManager} from "./PoolManager.sol";
+import {IStakeLock} from "./interfaces/IStakeLock.sol";
 
 /// @title WorkLedger
 /// @notice Recorded work, its validation window, invalidations and reward claims.
@@ -13,7 +14,13 @@ import {PoolManager} from "./PoolManager.sol";
 /// record is final and only its provider may claim the reward. The lock and the window are the same
 /// number, so nothing is claimable while it can still be revoked. A record is one storage slot, keyed
 /// by `keccak256(poolId, workKey)`; history lives in events, and no function loops over stored sets.
-contract WorkLedger {
+///
+/// Stake always backs the work: a record is refused when its provider's stake is below the pool's
+/// minimum; every record locks its provider's stake until its deadline (`lockedUntil`, which the
+/// registry checks before a withdrawal); and recording reserves the reward from the pool's budget
+/// (a batch the budget cannot cover is refused), so a pool never owes more than it holds and every
+/// final record can be paid.
+contract WorkLedger is IStakeLock {
     using SafeERC20 for IERC20;
 
     /// @notice Most records per `recordWork` call (keeps a batch well inside a block).
@@ -62,6 +69,7 @@ contract WorkLedger {
 
     mapping(bytes32 => Record) private _records;
     mapping(uint256 => PoolAccount) private _accounts;
+    mapping(address => uint64) private _lockedUntil;
 
     event WorkRecorded(
         uint256 indexed poolId,
@@ -103,9 +111,9 @@ contract WorkLedger {
     error NotValidator(address caller);
     error AlreadySettled(bytes32 workKey, RecordStatus status);
     error DeadlinePassed(bytes32 workKey, uint40 deadline, uint64 nowTime);
-    error DeadlineNotReached(bytes32 workKey, uint40 deadline, uint64 nowTime);
-    error NotRecordProvider(bytes32 workKey, address provider, address caller);
     error InsufficientPoolFunds(uint256 poolId, uint256 budget, uint256 need);
+    error StakeBelowMinimum(uint256 poolId, address node, uint256 stake, uint256 need);
+    error NothingToClaim(uint256 poolId);
     error SurplusTooLow(uint256 surplus, uint256 requested);
     error BudgetOverflow(uint256 budget, uint256 amount);
 
@@ -121,8 +129,10 @@ contract WorkLedger {
     // ------------------------------------------------------------------ coordinator
 
     /// @notice Records a batch of work for `poolId`. Only the pool's coordinator, only while the pool
-    /// is active, only for nodes that are members now. Every record gets the deadline
-    /// `block.timestamp + validationWindow`.
+    /// is active, only for nodes that are members now and whose provider stakes at least the pool's
+    /// minimum (and more than nothing), only when the pool's budget covers the batch's reward on top of
+    /// what it already owes. Every record gets the deadline `block.timestamp + validationWindow` and
+    /// locks its provider's stake until then.
     /// @param poolId The pool.
     /// @param batch Records: node, work key (content hash of the rollout file, unique per pool),
     /// units (tokens generated), policy version and proof commitment.
@@ -145,11 +155,23 @@ contract WorkLedger {
         // into the past (which would make the record final, hence claimable, at once).
         uint256 end = block.timestamp + t.validationWindow;
         uint40 deadline = end > type(uint40).max ? type(uint40).max : uint40(end);
+        uint256 need = t.minStake == 0 ? 1 : t.minStake;
         uint256 total;
+        address last;
         for (uint256 i; i < n; ++i) {
-            total += _store(poolId, batch[i], providers[i], deadline);
+            address provider = providers[i];
+            if (provider != last && provider != address(0)) {
+                // One stake read and one lock update per run of records of the same provider.
+                uint256 have = registry.stakeOf(provider);
+                if (have < need) revert StakeBelowMinimum(poolId, batch[i].node, have, need);
+                if (_lockedUntil[provider] < deadline) _lockedUntil[provider] = deadline;
+                last = provider;
+            }
+            total += _store(poolId, batch[i], provider, deadline);
         }
         PoolAccount storage a = _accounts[poolId];
+        uint256 owed = (uint256(a.pendingUnits) + total) * t.rewardRate;
+        if (owed > a.budget) revert InsufficientPoolFunds(poolId, a.budget, owed);
         a.pendingUnits += uint64(total);
         a.recordedUnits += uint64(total);
         emit WorkBatchRecorded(poolId, n, total, deadline);
@@ -182,29 +204,32 @@ contract WorkLedger {
 
     // ------------------------------------------------------------------ provider
 
-    /// @notice Claims the rewards of final records (deadline reached, not invalidated) of the caller.
+    /// @notice Claims the rewards of the caller's final records (deadline reached, not invalidated)
+    /// among `workKeys`. A key that is not claimable by the caller now (unknown, another provider's,
+    /// not final yet, settled) is skipped, so one record never blocks the others; the call reverts only
+    /// when none of them is claimable. Every recorded reward was reserved, so a claim is always funded.
     /// @param poolId The pool.
-    /// @param workKeys The records to claim; all must belong to the caller.
+    /// @param workKeys The records to claim.
     /// @return reward Tokens paid to the caller.
     function claim(uint256 poolId, bytes32[] calldata workKeys) external returns (uint256 reward) {
         if (workKeys.length == 0) revert EmptyBatch();
         if (workKeys.length > MAX_BATCH) revert BatchTooLarge(workKeys.length, MAX_BATCH);
-        PoolManager.PoolTerms memory t = pools.poolTerms(poolId);
+        uint256 rate = pools.poolTerms(poolId).rewardRate;
         uint256 total;
+        uint256 count;
         for (uint256 i; i < workKeys.length; ++i) {
             bytes32 k = workKeys[i];
             Record storage r = _records[_key(poolId, k)];
-            RecordStatus s = r.status;
-            if (s == RecordStatus.None) revert UnknownWork(poolId, k);
-            if (r.provider != msg.sender) revert NotRecordProvider(k, r.provider, msg.sender);
-            if (s != RecordStatus.Pending) revert AlreadySettled(k, s);
-            if (block.timestamp < r.deadline) revert DeadlineNotReached(k, r.deadline, uint64(block.timestamp));
+            if (r.status != RecordStatus.Pending || r.provider != msg.sender || block.timestamp < r.deadline) continue;
             r.status = RecordStatus.Claimed;
             total += r.units;
-            emit WorkClaimed(poolId, k, msg.sender, r.units, uint256(r.units) * t.rewardRate);
+            ++count;
+            emit WorkClaimed(poolId, k, msg.sender, r.units, uint256(r.units) * rate);
         }
-        reward = total * t.rewardRate;
+        if (count == 0) revert NothingToClaim(poolId);
+        reward = total * rate;
         PoolAccount storage a = _accounts[poolId];
+        // Unreachable while recording reserves rewards (budget >= pendingUnits * rate); kept as a guard.
         if (reward > a.budget) revert InsufficientPoolFunds(poolId, a.budget, reward);
         a.budget -= uint128(reward);
         a.pendingUnits -= uint64(total);
@@ -256,12 +281,28 @@ contract WorkLedger {
         return r.status == RecordStatus.Pending && block.timestamp >= r.deadline;
     }
 
+    /// @inheritdoc IStakeLock
+    function lockedUntil(address provider) external view returns (uint64) {
+        return _lockedUntil[provider];
+    }
+
+    /// @notice Why work of `node` could not be recorded in `poolId` now: 0 it can, 1 it is not a
+    /// member, 2 its provider's stake is below the pool's minimum. (The budget is checked per batch.)
+    function recordable(uint256 poolId, address node) external view returns (uint8) {
+        PoolManager.Membership memory m = pools.membershipOf(node);
+        if (poolId == 0 || m.poolId != poolId) return 1;
+        uint256 need = pools.poolTerms(poolId).minStake;
+        if (registry.stakeOf(m.provider) < (need == 0 ? 1 : need)) return 2;
+        return 0;
+    }
+
     /// @notice A pool's budget and unit totals.
     function poolAccount(uint256 poolId) external view returns (PoolAccount memory) {
         return _accounts[poolId];
     }
 
-    /// @notice Budget not owed to pending records.
+    /// @notice Budget not owed to pending records: what new records may still reserve, and what the
+    /// owner may withdraw.
     function surplus(uint256 poolId) public view returns (uint256) {
         PoolAccount storage a = _accounts[poolId];
         uint256 owed = uint256(a.pendingUnits) * pools.poolTerms(poolId).rewardRate;

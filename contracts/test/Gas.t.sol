@@ -246,6 +246,7 @@ contract GasPerRecordTest is GasBase {
     function setUp() public override {
         super.setUp();
         poolId = _createActivePool();
+        _fundPool(poolId, 1e30);
         _registerProvider(ALICE, 2_000e18);
         distinct = _joinNodes(poolId, ALICE, 0x30_0000, 100);
         ten = _joinNodes(poolId, ALICE, 0x40_0000, 10);

@@ -44,6 +44,11 @@ def explain(err: DecodedError) -> tuple[str, str]:
             "run `intellect-node provider register --stake N` first",
         ),
         "NothingUnbonding": ("nothing is unbonding", "unstake first with `intellect-node provider unstake N`"),
+        "StakeLocked": (
+            f"stake is locked until {_when(a.get('lockedUntil', 0))}: recorded work can be invalidated until then",
+            "withdraw after that time",
+        ),
+        "StakeLockAlreadySet": ("the registry's stake lock is already set", ""),
         "StillUnbonding": (
             f"stake is still unbonding until {_when(a.get('unbondingEnd', 0))}",
             "withdraw after that time",
@@ -121,17 +126,18 @@ def explain(err: DecodedError) -> tuple[str, str]:
             f"the validation window of work {a.get('workKey')} closed at {_when(a.get('deadline', 0))}",
             "work is final after its deadline and can no longer be invalidated",
         ),
-        "DeadlineNotReached": (
-            f"work {a.get('workKey')} is still in its validation window until {_when(a.get('deadline', 0))}",
-            "claim after the deadline",
-        ),
-        "NotRecordProvider": (
-            f"work {a.get('workKey')} belongs to provider {a.get('provider')}, not {a.get('caller')}",
-            "claim with the provider's key",
+        "NothingToClaim": (
+            f"none of the named work in pool {a.get('poolId')} is claimable by this key now",
+            "work is claimable by its provider after its deadline, once, unless it was invalidated",
         ),
         "InsufficientPoolFunds": (
-            f"pool {a.get('poolId')} holds {tokens(a.get('budget', 0))}, the claim needs {tokens(a.get('need', 0))}",
-            "the pool owner must fund it with `intellect-node pool fund`",
+            f"pool {a.get('poolId')} holds {tokens(a.get('budget', 0))} but would owe {tokens(a.get('need', 0))}",
+            "recording reserves each reward: the pool owner must fund it with `intellect-node pool fund`",
+        ),
+        "StakeBelowMinimum": (
+            f"the provider of node {a.get('node')} stakes {tokens(a.get('stake', 0))}, "
+            f"pool {a.get('poolId')} needs {tokens(a.get('need', 0))}",
+            "no work is recorded under the pool's minimum stake: the provider must stake more",
         ),
         "BudgetOverflow": (f"funding {tokens(a.get('amount', 0))} would overflow the pool budget", "fund less"),
         "SurplusTooLow": (f"only {tokens(a.get('surplus', 0))} is not owed to pending work", "withdraw less"),

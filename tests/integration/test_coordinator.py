@@ -21,12 +21,14 @@ from pool.deploy import TOKEN
 from tests.conftest import World, file_size_limit, write_spec
 
 
-async def _pool_with_two_members(chain: World, folder: Path) -> int:
+async def _pool_with_two_members(chain: World, folder: Path, fund: int = 10 * TOKEN) -> int:
     uri, digest = write_spec(folder)
     async with await chain.client(chain.admin) as admin, await chain.client(chain.provider) as prov:
         spec = ops.PoolSpec(chain.coordinator.address, uri, digest, 10**15, 3600, TOKEN, TOKEN)
         pid, _ = await ops.create_pool(admin, spec)
         await admin.transact("PoolManager", "startPool", pid)
+        if fund:
+            await ops.fund_pool(admin, pid, fund)
         await ops.register_provider(prov, 100 * TOKEN)
         async with await chain.client(chain.coordinator) as coord:
             for node in (chain.node, chain.node2):
@@ -107,6 +109,33 @@ async def test_an_ejection_records_the_nodes_accepted_work_first(chain: World, t
         "NodeEjected",
     ]
     assert status == "recorded"
+
+
+async def test_work_waits_for_the_budget_and_is_recorded_once_funded(chain: World, tmp_path: Path) -> None:
+    """Recording reserves each reward, so the ledger refuses a batch the pool cannot pay. The
+    coordinator holds such work back (accepted, counted, not lost), refuses to eject its node (its
+    work could no longer be recorded), and records it as soon as the owner funds the pool."""
+    pid = await _pool_with_two_members(chain, tmp_path, fund=0)
+    coord = _coordinator(chain, pid, tmp_path, record_every=0.5, eject_after=2.0, heartbeat_grace=0.0)
+    key = "0x" + hashlib.sha256(b"accepted while the pool is broke").hexdigest()
+    coord.store.execute(
+        "INSERT INTO rollouts(work_key, task_id, node, units, policy_version, proof_commitment, mean_reward, "
+        "accepted_at) VALUES(?, 't1', ?, 640, 0, ?, 0.0, ?)",
+        (key, chain.node.address, "0x" + "11" * 32, time.time()),
+    )
+    async with await chain.client(chain.admin) as admin, trio.open_nursery() as nursery:
+        await nursery.start(coord.run)
+        await trio.sleep(6.0)  # several record rounds and ejection attempts
+        assert coord.store.scalar("SELECT status FROM rollouts WHERE work_key = ?", (key,)) == "accepted"
+        assert (await ops.record(admin, pid, key))["statusName"] == "none"
+        assert await admin.call("PoolManager", "isMember", pid, chain.node.address), "ejected with unrecorded work"
+        await ops.fund_pool(admin, pid, 640 * 10**15)  # exactly the reward
+        with trio.fail_after(30):
+            while coord.store.scalar("SELECT status FROM rollouts WHERE work_key = ?", (key,)) != "recorded":
+                await trio.sleep(0.3)
+        assert int((await ops.record(admin, pid, key))["units"]) == 640
+        assert int(await admin.call("WorkLedger", "surplus", pid)) == 0
+        nursery.cancel_scope.cancel()
 
 
 async def test_an_open_task_is_reissued_until_the_policy_moves_past_it(chain: World, tmp_path: Path) -> None:

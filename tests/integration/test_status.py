@@ -118,7 +118,9 @@ def test_status_pending_slash_and_claim(chain: World, monkeypatch, capsys):
     prov = st["provider"]
     assert prov["address"] == w.provider.address and prov["registered"]
     assert prov["staked"] == 100 * TOKEN and prov["unbonding"] == 0
-    assert prov["required"] == 20 * TOKEN and prov["meets_required"] and prov["meets_pool_minimum"]
+    assert st["timestamp"] < prov["locked_until"] <= st["timestamp"] + WINDOW  # the recorded work's deadline
+    # the pool's minimum is the floor of what must stay staked
+    assert prov["required"] == 50 * TOKEN and prov["meets_required"] and prov["meets_pool_minimum"]
     assert prov["token_balance"] == 9_900 * TOKEN
     assert [n["node"] for n in st["nodes"]] == [w.node.address]
     node = st["nodes"][0]
@@ -200,6 +202,7 @@ def test_status_lists_slashes_from_other_pools(chain: World, monkeypatch, capsys
                 ops.PoolSpec(w.coordinator.address, "file:///b.json", "0x" + "ab" * 32, RATE, WINDOW, 3 * TOKEN),
             )
             await a.transact("PoolManager", "startPool", pid2)
+            await ops.fund_pool(a, pid2, TOKEN)
         async with await w.client(w.coordinator) as co:
             invite = await ops.make_invite(co, w.coordinator, pid2, w.node2.address, ttl=3600)
         async with await w.client(w.provider) as p:

@@ -1,8 +1,13 @@
 // SPDX-License-Identifier: MIT
 pragma solidity ^0.8.24;
 
-/// @notice What the registry asks the pool manager: is a node in a pool right now?
+/// @notice What the registry asks the pool manager: is a node in a pool right now, and how much stake
+/// must its provider keep for the pools its nodes are in?
 interface IPoolMembership {
     /// @notice The pool a node is an active member of, or 0 when it is in none.
     function poolOf(address node) external view returns (uint256);
+
+    /// @notice The stake `provider` must keep while any of its nodes is in a pool: the highest minimum
+    /// stake among the pools its nodes joined since it last had no membership (0 with none).
+    function stakeFloor(address provider) external view returns (uint256);
 }

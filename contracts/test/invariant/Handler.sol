@@ -86,6 +86,9 @@ contract Handler is TestBase {
     mapping(address => uint64) public gNodeUnits;
     mapping(address => uint256) public gPoolOf;
     mapping(uint256 => mapping(address => bool)) public gBlacklisted;
+    mapping(address => uint256) public gMemberships;
+    mapping(address => uint256) public gFloor;
+    mapping(address => uint256) public gLockedUntil;
 
     // ------------------------------------------------------------------ ghost: ledger
     bytes32[] internal recIds;
@@ -105,6 +108,8 @@ contract Handler is TestBase {
     uint256 public unexpectedRoleReverts;
     uint256 public outcomeMismatches;
     uint256 public paymentMismatches;
+    uint256 public recordsUnderStaked;
+    uint256 public withdrawalsWhileLocked;
     string public lastMismatch;
 
     // ------------------------------------------------------------------ coverage
@@ -255,6 +260,7 @@ contract Handler is TestBase {
         address p = _pickActor(actorSeed, true);
         amount = bound(amount, 0, gStaked[p] + 10e18);
         uint256 need = gComputeUnits[p] * registry.stakePerComputeUnit();
+        if (gFloor[p] > need) need = gFloor[p];
         bool expected = gRegistered[p] && amount != 0 && amount <= gStaked[p] && gStaked[p] - amount >= need;
         vm.prank(p);
         try registry.unstake(amount) {
@@ -269,11 +275,13 @@ contract Handler is TestBase {
 
     function withdraw(uint256 actorSeed) external synced {
         address p = _pickActor(actorSeed, true);
-        bool expected = gRegistered[p] && gUnbonding[p] != 0 && time >= gUnbondingEnd[p];
+        bool expected =
+            gRegistered[p] && gUnbonding[p] != 0 && time >= gUnbondingEnd[p] && time >= gLockedUntil[p];
         uint256 before = token.balanceOf(p);
         vm.prank(p);
         try registry.withdraw() {
             _check(expected, true, "withdraw");
+            if (_hasOpenRecord(p)) withdrawalsWhileLocked++;
             if (token.balanceOf(p) - before != gUnbonding[p]) paymentMismatches++;
             gWithdrawn[p] += gUnbonding[p];
             gUnbonding[p] = 0;
@@ -337,6 +345,9 @@ contract Handler is TestBase {
         try pools.joinPool(poolId, node, nonce, expiry, sig) {
             _check(expected, true, "joinPool");
             gPoolOf[node] = poolId;
+            gMemberships[p]++;
+            uint256 min = pools.getPool(poolId).minStake;
+            if (min > gFloor[p]) gFloor[p] = min;
         } catch {
             _check(expected, false, "joinPool");
         }
@@ -351,7 +362,7 @@ contract Handler is TestBase {
         vm.prank(caller);
         try pools.leavePool(poolId, node) {
             _check(expected, true, "leavePool");
-            gPoolOf[node] = 0;
+            _left(node);
         } catch {
             _check(expected, false, "leavePool");
         }
@@ -365,7 +376,7 @@ contract Handler is TestBase {
         vm.prank(coords[i]);
         try pools.ejectNode(poolId, node) {
             _check(expected, true, "ejectNode");
-            gPoolOf[node] = 0;
+            _left(node);
         } catch {
             _check(expected, false, "ejectNode");
         }
@@ -381,10 +392,26 @@ contract Handler is TestBase {
         try pools.blacklistNode(poolId, node) {
             _check(true, true, "blacklistNode");
             gBlacklisted[poolId][node] = true;
-            if (gPoolOf[node] == poolId) gPoolOf[node] = 0;
+            if (gPoolOf[node] == poolId) _left(node);
         } catch {
             _check(true, false, "blacklistNode");
         }
+    }
+
+    /// @dev The model of a membership ending: the provider's stake floor drops only with its last one.
+    function _left(address node) internal {
+        gPoolOf[node] = 0;
+        address p = gNodeProvider[node];
+        if (--gMemberships[p] == 0) gFloor[p] = 0;
+    }
+
+    /// @dev Whether `p` has a record that can still be invalidated (its stake must not leave).
+    function _hasOpenRecord(address p) internal view returns (bool) {
+        for (uint256 i; i < recIds.length; ++i) {
+            Rec storage r = recs[recIds[i]];
+            if (r.provider == p && r.status == WorkLedger.RecordStatus.Pending && time < r.deadline) return true;
+        }
+        return false;
     }
 
     // ------------------------------------------------------------------ ledger
@@ -409,11 +436,24 @@ contract Handler is TestBase {
         for (uint256 j; j < n; ++j) {
             batch[j] = tmp[j];
         }
+        // Refused when a provider stakes less than the pool's minimum, or the budget cannot reserve it.
+        PoolManager.PoolTerms memory t = pools.poolTerms(poolId);
+        uint256 need = t.minStake == 0 ? 1 : t.minStake;
+        bool expected = true;
+        uint256 total;
+        for (uint256 j; j < n; ++j) {
+            if (gStaked[gNodeProvider[batch[j].node]] < need) expected = false;
+            total += batch[j].units;
+        }
+        if ((gPendingUnits[poolId] + total) * t.rewardRate > _budget(poolId)) expected = false;
         vm.prank(coords[i]);
         try ledger.recordWork(poolId, batch) {
-            _check(true, true, "recordWork");
-            uint256 deadline = time + pools.poolTerms(poolId).validationWindow;
+            _check(expected, true, "recordWork");
+            uint256 deadline = time + t.validationWindow;
             for (uint256 j; j < n; ++j) {
+                address prov = gNodeProvider[batch[j].node];
+                if (registry.stakeOf(prov) < need) recordsUnderStaked++;
+                if (deadline > gLockedUntil[prov]) gLockedUntil[prov] = deadline;
                 bytes32 id = keccak256(abi.encode(poolId, batch[j].workKey));
                 Rec storage r = recs[id];
                 if (r.recordings == 0) recIds.push(id);
@@ -428,7 +468,7 @@ contract Handler is TestBase {
                 gPendingUnits[poolId] += batch[j].units;
             }
         } catch {
-            _check(true, false, "recordWork");
+            _check(expected, false, "recordWork");
         }
     }
 
@@ -673,7 +713,7 @@ contract Handler is TestBase {
             if (!found || who == recs[id].provider) return;
             bytes32[] memory ks = new bytes32[](1);
             ks[0] = recs[id].workKey;
-            want = WorkLedger.NotRecordProvider.selector;
+            want = WorkLedger.NothingToClaim.selector;
             uint256 pid = recs[id].poolId;
             vm.prank(who);
             try ledger.claim(pid, ks) {

@@ -226,6 +226,30 @@ abstract contract InvariantsBase is Fixture {
         assertEq(token.balanceOf(address(ledger)), budgets, "ledger balance == budgets");
     }
 
+    /// @dev Solvent pools: the rewards reserved by pending records never exceed the pool's budget.
+    function _check_reservedWithinFunds() internal view {
+        for (uint256 i; i < 2; ++i) {
+            uint256 id = poolIdsArr[i];
+            WorkLedger.PoolAccount memory a = ledger.poolAccount(id);
+            uint256 reserved = uint256(a.pendingUnits) * pools.poolTerms(id).rewardRate;
+            assertLe(reserved, uint256(a.budget), "reserved rewards <= pool budget");
+        }
+    }
+
+    /// @dev Stake backs the work: nothing recorded for an under-staked provider, nothing withdrawn
+    /// while a record of the provider can still be invalidated, and the ledger's lock reaches every
+    /// open record's deadline.
+    function _check_stakeBacksWork() internal view {
+        assertEq(handler.recordsUnderStaked(), 0, "work recorded for an under-staked provider");
+        assertEq(handler.withdrawalsWhileLocked(), 0, "stake withdrawn while its work could be slashed");
+        uint256 n = handler.recCount();
+        for (uint256 i; i < n; ++i) {
+            Handler.Rec memory r = handler.recAt(i);
+            if (r.status != WorkLedger.RecordStatus.Pending) continue;
+            assertGe(uint256(ledger.lockedUntil(r.provider)), r.deadline, "stake lock covers the record");
+        }
+    }
+
     // ------------------------------------------------------------------ model agreement
 
     /// @dev Every call succeeded exactly when the model said it should, and paid what it should.
@@ -284,6 +308,14 @@ contract InvariantsTest is InvariantsBase {
 
     function invariant_ledgerPoolAccounting() public view {
         _check_ledgerPoolAccounting();
+    }
+
+    function invariant_reservedWithinFunds() public view {
+        _check_reservedWithinFunds();
+    }
+
+    function invariant_stakeBacksWork() public view {
+        _check_stakeBacksWork();
     }
 
     function invariant_callsMatchModel() public view {
@@ -362,6 +394,8 @@ contract HandlerSmokeTest is InvariantsBase {
         _check_noRecordSettledTwice();
         _check_onlyAuthorizedCallers();
         _check_ledgerPoolAccounting();
+        _check_reservedWithinFunds();
+        _check_stakeBacksWork();
         _check_callsMatchModel();
         _check_membershipMatchesModel();
     }

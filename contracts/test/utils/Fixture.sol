@@ -65,6 +65,7 @@ abstract contract Fixture is Test {
         SLASHER_ROLE = registry.SLASHER_ROLE();
         vm.startPrank(ADMIN);
         registry.setPoolManager(pools);
+        registry.setStakeLock(ledger);
         registry.grantRole(SLASHER_ROLE, address(ledger));
         registry.grantRole(VALIDATOR_ROLE, VALIDATOR);
         vm.stopPrank();
