@@ -1,8 +1,10 @@
 """Gas per recorded work record, measured on a real anvil with the real contracts.
 
 Records batches of 100 with 1, 10 and 100 distinct nodes (cold storage reads cost more per node),
-then again after 1,000 records are on the ledger (gas must not grow with history), and measures
-invalidation and a 100-record claim. Ends with one JSON line.
+then again after 1,000 records are on the ledger (gas must not grow with history), and measures the
+disputes (a hard invalidation, i.e. an accusation with its bond; a soft one; an appeal; the committee
+draw; a vote and the deciding vote; a challenge; finalizing an unappealed invalidation, which slashes;
+closing a lapsed vote) and a 100-record claim. Ends with one JSON line.
 
     .venv/bin/python bench/gas.py
 """
@@ -25,25 +27,32 @@ from pool.deploy import TOKEN, DeployParams, deploy
 BATCH = 100
 NODES = 100
 TARGET = 30_000
+TARGET_INVALIDATE = 120_000
 
 
 async def main(url: str) -> dict[str, float]:
-    admin, prov, coord, val = (from_hex(k) for k in ANVIL_KEYS[:4])
+    admin, prov, coord, val, *jurors = (from_hex(k) for k in ANVIL_KEYS[:7])
     async with RpcClient(url) as rpc:
-        dep = await deploy(rpc, admin, DeployParams(validators=(val.address,)))
+        dep = await deploy(rpc, admin, DeployParams())
     a = await ChainClient.connect(url, dep, admin)
     p = await ChainClient.connect(url, dep, prov)
     c = await ChainClient.connect(url, dep, coord)
     v = await ChainClient.connect(url, dep, val)
     await a.transact("IntellectToken", "mint", prov.address, 100_000 * TOKEN)
     await a.transact("IntellectToken", "mint", admin.address, 100_000 * TOKEN)
-    pid, _ = await ops.create_pool(a, ops.PoolSpec(coord.address, "bench", "0x" + "00" * 32, 1, 3600, TOKEN, 0))
+    await a.transact("IntellectToken", "mint", val.address, 100 * TOKEN)
+    spec = ops.PoolSpec(
+        coord.address, "bench", "0x" + "00" * 32, 1, 3600, TOKEN, 0,
+        validators=(val.address, *(j.address for j in jurors)),
+        disputes=ops.DisputeTerms(appeal_period=600, vote_period=600, committee_size=3, bond=TOKEN),
+    )  # fmt: skip
+    pid, _ = await ops.create_pool(a, spec)
     await a.transact("PoolManager", "startPool", pid)
     await ops.fund_pool(a, pid, 50_000 * TOKEN)
     await ops.register_provider(p, 20_000 * TOKEN)
     nodes = [Account.create() for _ in range(NODES)]
     for n in nodes:
-        await ops.add_node(p, n.address, 1, ops.node_signature(p, n, prov.address))
+        await ops.add_node(p, n.address, 1, await ops.node_signature(p, n, prov.address))
         await ops.join_pool(p, await ops.make_invite(c, coord, pid, n.address, 3600))
 
     counter = iter(range(1, 10**9))
@@ -66,19 +75,37 @@ async def main(url: str) -> dict[str, float]:
     for _ in range(7):
         await batch(100)  # grow the ledger past 1,000 records
     out["gas_per_record_10_nodes_after_1000_records"] = await batch(10)
-    first_key = "0x" + f"{1:064x}"
-    r = await ops.invalidate(v, pid, first_key, "0x" + "ee" * 32)
+
+    def key(i: int) -> str:
+        return "0x" + f"{i:064x}"
+
+    await ops.register_provider(a, 100 * TOKEN)  # the admin, staked, may challenge
+    js = [await ChainClient.connect(url, dep, j) for j in jurors]
+    r = await ops.invalidate(v, pid, key(1), "0x" + "ee" * 32)
     out["gas_invalidate"] = r.gas_used
+    out["gas_soft_invalidate"] = (await ops.invalidate(v, pid, key(202), "0x" + "ee" * 32, hard=False)).gas_used
+    await ops.invalidate(v, pid, key(200), "0x" + "ee" * 32)
+    out["gas_appeal"] = (await ops.appeal(p, pid, key(200))).gas_used
+    await a.rpc.request("evm_mine", [])
+    out["gas_draw_committee"] = (await a.transact("WorkLedger", "drawCommittee", pid, key(200))).gas_used
+    drawn = [j for j in js if int(await a.call("WorkLedger", "jurorState", pid, key(200), j.address)) == 1]
+    out["gas_vote"] = (await ops.vote(drawn[0], pid, key(200), False)).gas_used
+    out["gas_vote_deciding"] = (await ops.vote(drawn[1], pid, key(200), False)).gas_used
+    out["gas_challenge"] = (await ops.challenge(a, pid, key(201), "0x" + "cc" * 32)).gas_used
     await a.rpc.request("evm_increaseTime", [3601])
     await a.rpc.request("evm_mine", [])
+    out["gas_finalize_invalidation"] = (await ops.finalize_invalidation(v, pid, key(1))).gas_used
+    out["gas_resolve_lapsed"] = (await ops.resolve_lapsed(v, pid, key(201))).gas_used
     keys = ["0x" + f"{i:064x}" for i in range(2, 2 + BATCH)]
     _, rs = await ops.claim(p, pid, keys)
     out["gas_claim_per_record"] = rs[0].gas_used / BATCH
     out["target_gas_per_record"] = TARGET
+    out["target_gas_invalidate"] = TARGET_INVALIDATE
+    out["invalidate_to_target"] = out["gas_invalidate"] / TARGET_INVALIDATE
     out["growth_ratio_after_1000_records"] = (
         out["gas_per_record_10_nodes_after_1000_records"] / out["gas_per_record_10_nodes"]
     )
-    for cl in (a, p, c, v):
+    for cl in (a, p, c, v, *js):
         await cl.aclose()
     return out
 

@@ -287,6 +287,7 @@ def join_command(
 )
 @click.option("--metrics", "metrics_at", default="127.0.0.1:9411", show_default=True)
 @click.option("--rpc-wait", type=float, default=60.0, hidden=True, help="Seconds to retry an unreachable RPC at start.")
+@click.option("--lie", is_flag=True, hidden=True, help="Devnet adversary: accuse all work, uphold every accusation.")
 @click.option("-v", "--verbose", is_flag=True)
 @common
 def validate_command(
@@ -300,9 +301,11 @@ def validate_command(
     sample_rate: float,
     metrics_at: str,
     rpc_wait: float,
+    lie: bool,
     verbose: bool,
 ) -> None:
-    """Re-check recorded work of pool POOL and invalidate cheating inside the validation window."""
+    """Re-check recorded work of pool POOL and invalidate cheating inside the validation window; sit on
+    the pool's dispute committees when drawn."""
     from node.validator import Validator, ValidatorConfig
 
     setup_logging(verbose)
@@ -320,6 +323,7 @@ def validate_command(
         thresholds=thresholds,
         sample_rate=sample_rate,
         rpc_wait=rpc_wait,
+        lie=lie,
     )
     metrics = _make_metrics("validator")
     with _daemon_errors():

@@ -21,7 +21,7 @@ from node.chain import ChainError, Deployment, RpcClient, RpcError, WrongChain
 from node.chain.deployment import NETWORKS
 from node.chain.messages import tokens
 from node.chain.signing import Invite
-from pool.deploy import VALIDATOR_ROLE, DeployParams, deploy
+from pool.deploy import DeployParams, deploy
 
 from ._common import AMOUNT, Settings, common, output, run
 
@@ -90,13 +90,12 @@ def contracts_group() -> None:
     show_default=True,
     help="Network preset: checks the chain id (local 31337, base-sepolia 84532).",
 )
-@click.option("--treasury", help="Receives slashed stake (default: the deployer).")
+@click.option("--treasury", help="Receives slashed stake (required off the local chain; never the admin by default).")
 @click.option("--unbonding-period", type=click.IntRange(min=0), default=7 * 86400, show_default=True, help="Seconds.")
 @click.option("--stake-per-unit", type=AMOUNT, default="10", show_default=True, help="Stake per compute unit.")
 @click.option(
     "--min-provider-stake", type=AMOUNT, default="10", show_default=True, help="Minimum stake at registration."
 )
-@click.option("--validator", "validators", multiple=True, help="Grant VALIDATOR_ROLE to this address (repeatable).")
 @click.option("--force", is_flag=True, help="Overwrite an existing deployment file.")
 @common
 def contracts_deploy(
@@ -106,7 +105,6 @@ def contracts_deploy(
     unbonding_period: int,
     stake_per_unit: int,
     min_provider_stake: int,
-    validators: tuple[str, ...],
     force: bool,
 ) -> None:
     """Deploy token, registry, pool manager and work ledger; write the deployment file."""
@@ -123,8 +121,9 @@ def contracts_deploy(
         unbonding_period=unbonding_period,
         stake_per_compute_unit=stake_per_unit,
         min_provider_stake=min_provider_stake,
-        validators=tuple(ops.checksum(v, "validator") for v in validators),
     )
+    if treasury is None and network != "local":
+        raise click.UsageError(f"a deployment on {network} needs --treasury (slashed stake goes there)")
     lines: list[str] = []
 
     async def go() -> Deployment:
@@ -319,13 +318,13 @@ def _node_account(node_keystore: str | None) -> Any:
 @click.option("--signature", help="The node's binding signature (from `intellect-node node sign`).")
 @common
 def node_add(s: Settings, units: int, node_keystore: str | None, node_addr: str | None, signature: str | None) -> None:
-    """Bind a node to the signing provider. The node key signs (provider, node, chain id, registry)."""
+    """Bind a node to the signing provider. The node key signs (provider, node, binding nonce, chain id, registry)."""
 
     async def go() -> tuple[str, Any]:
         async with await s.client() as c:
             nk = _node_account(node_keystore)
             if nk is not None:
-                node, sig = nk.address, ops.node_signature(c, nk, c.address)
+                node, sig = nk.address, await ops.node_signature(c, nk, c.address)
             elif node_addr and signature:
                 node, sig = ops.checksum(node_addr, "node"), signature
             else:
@@ -357,7 +356,7 @@ def node_sign(s: Settings, provider: str, node_keystore: str | None) -> None:
 
     async def go() -> str:
         async with await s.client(signer=False) as c:
-            return ops.node_signature(c, nk, provider)
+            return await ops.node_signature(c, nk, provider)
 
     sig = run(go)
     output(s, {"node": nk.address, "provider": provider, "signature": sig}, sig)
@@ -395,6 +394,12 @@ def pool_group() -> None:
 @click.option("--slash", "slash_amount", type=AMOUNT, default="0", help="Slash per invalidated record.")
 @click.option("--min-stake", type=AMOUNT, default="0", help="Provider stake needed to join.")
 @click.option("--bootstrap", default="", help="Comma-separated p2p bootstrap multiaddrs.")
+@click.option("--validator", "validators", multiple=True, help="Name a validator of the pool (repeatable).")
+@click.option("--appeal-period", type=click.IntRange(min=1), default=86_400, show_default=True, help="Seconds.")
+@click.option("--vote-period", type=click.IntRange(min=1), default=86_400, show_default=True, help="Seconds.")
+@click.option("--committee", type=click.IntRange(1, 32), default=3, show_default=True, help="Validators per dispute.")
+@click.option("--bond", type=AMOUNT, help="Bond per dispute party (default: the slash amount).")
+@click.option("--arbiter", help="An address that decides disputes alone (default: a committee).")
 @click.option("--start", "start_now", is_flag=True, help="Also start the pool.")
 @common
 def pool_create(
@@ -408,14 +413,25 @@ def pool_create(
     slash_amount: int,
     min_stake: int,
     bootstrap: str,
+    validators: tuple[str, ...],
+    appeal_period: int,
+    vote_period: int,
+    committee: int,
+    bond: int | None,
+    arbiter: str | None,
     start_now: bool,
 ) -> None:
-    """Create a pool owned by the signing key."""
+    """Create a pool owned by the signing key, with its validators and dispute terms (both fixed for
+    the terms once the pool starts; validators can be named and removed later)."""
     if spec_file:
         spec_hash = "0x" + hashlib.sha256(Path(spec_file).read_bytes()).hexdigest()
     if not spec_hash:
         raise click.UsageError("pass --spec-hash or --spec-file")
-    spec = ops.PoolSpec(coordinator, spec_uri, spec_hash, reward_rate, window, slash_amount, min_stake, bootstrap)
+    terms = ops.DisputeTerms(appeal_period, vote_period, committee, bond, arbiter or ops.ZERO_ADDRESS)
+    spec = ops.PoolSpec(
+        coordinator, spec_uri, spec_hash, reward_rate, window, slash_amount, min_stake, bootstrap,
+        tuple(validators), terms,
+    )  # fmt: skip
 
     async def go() -> tuple[int, Any]:
         async with await s.client() as c:
@@ -682,21 +698,92 @@ def work_submit(
 @click.option("--pool", "pool_id", type=int, required=True, help="Pool id.")
 @click.option("--key", "work_key", required=True, help="Work key.")
 @click.option("--evidence", default=ZERO32, help="Evidence hash (sha256 of the published evidence).")
+@click.option("--soft", is_flag=True, help="Revoke the units without a slash (e.g. data never served).")
 @common
-def work_invalidate(s: Settings, pool_id: int, work_key: str, evidence: str) -> None:
-    """Invalidate recorded work before its deadline (validator key)."""
+def work_invalidate(s: Settings, pool_id: int, work_key: str, evidence: str, soft: bool) -> None:
+    """Invalidate recorded work before its deadline (one of the pool's validators). Hard by default:
+    an accusation with the pool's bond, final (slash) once its appeal period ends unappealed."""
 
     async def go() -> Any:
         async with await s.client() as c:
-            return await ops.invalidate(c, pool_id, work_key, evidence)
+            return await ops.invalidate(c, pool_id, work_key, evidence, hard=not soft)
 
     r = run(go)
-    ev = r.event("WorkInvalidated").args
+    if soft:
+        ev = r.event("WorkSoftInvalidated").args
+        output(s, _receipt(r) | {"units": ev["units"], "soft": True}, f"revoked {ev['units']} units (tx {r.tx_hash})")
+        return
+    ev = r.event("WorkAccused").args
     output(
         s,
-        _receipt(r) | {"slashed": ev["slashed"], "bounty": ev["bounty"], "units": ev["units"]},
-        f"invalidated {ev['units']} units; slashed {tokens(ev['slashed'])} (bounty {tokens(ev['bounty'])}) (tx {r.tx_hash})",
+        _receipt(r) | {"appeal_end": ev["appealEnd"], "bond": ev["bond"], "provider": ev["provider"]},
+        f"accused provider {ev['provider']} (bond {tokens(ev['bond'])}); final unless appealed by "
+        f"{ev['appealEnd']} (tx {r.tx_hash})",
     )
+
+
+def _dispute_tx(fn: Any, what: str, done: str) -> Any:
+    @click.option("--pool", "pool_id", type=int, required=True, help="Pool id.")
+    @click.option("--key", "work_key", required=True, help="Work key.")
+    @common
+    def command(s: Settings, pool_id: int, work_key: str) -> None:
+        async def go() -> Any:
+            async with await s.client() as c:
+                return await fn(c, pool_id, work_key)
+
+        r = run(go)
+        output(s, _receipt(r) | {"pool": pool_id, "work_key": work_key}, f"{done} {work_key} (tx {r.tx_hash})")
+
+    command.__doc__ = what
+    return command
+
+
+work_group.command("appeal", help="Appeal a hard invalidation of your work with the pool's bond (provider).")(
+    _dispute_tx(ops.appeal, "appeal", "appealed")
+)
+work_group.command("finalize", help="Make an unappealed invalidation final after its appeal period (anyone).")(
+    _dispute_tx(ops.finalize_invalidation, "finalize", "finalized the invalidation of")
+)
+work_group.command("close-lapsed", help="Close a dispute whose vote ended without a majority (anyone).")(
+    _dispute_tx(ops.resolve_lapsed, "close", "closed the lapsed dispute of")
+)
+
+
+@work_group.command("challenge")
+@click.option("--pool", "pool_id", type=int, required=True, help="Pool id.")
+@click.option("--key", "work_key", required=True, help="Work key.")
+@click.option("--evidence", required=True, help="Evidence hash (sha256 of the published evidence).")
+@common
+def work_challenge(s: Settings, pool_id: int, work_key: str, evidence: str) -> None:
+    """Challenge another provider's record before its deadline, with the pool's bond (any staked provider)."""
+
+    async def go() -> Any:
+        async with await s.client() as c:
+            return await ops.challenge(c, pool_id, work_key, evidence)
+
+    r = run(go)
+    ev = r.event("WorkChallenged").args
+    output(
+        s,
+        _receipt(r) | {"vote_end": ev["voteEnd"]},
+        f"challenged {work_key}; the vote ends {ev['voteEnd']} (tx {r.tx_hash})",
+    )
+
+
+@work_group.command("vote")
+@click.option("--pool", "pool_id", type=int, required=True, help="Pool id.")
+@click.option("--key", "work_key", required=True, help="Work key.")
+@click.option("--uphold/--overturn", required=True, help="Keep the invalidation (slash) or overturn it.")
+@common
+def work_vote(s: Settings, pool_id: int, work_key: str, uphold: bool) -> None:
+    """Vote on an appeal or a challenge (a drawn committee member, or the pool's arbiter)."""
+
+    async def go() -> Any:
+        async with await s.client() as c:
+            return await ops.vote(c, pool_id, work_key, uphold)
+
+    r = run(go)
+    output(s, _receipt(r) | {"uphold": uphold}, f"voted to {'uphold' if uphold else 'overturn'} (tx {r.tx_hash})")
 
 
 @work_group.command("show")
@@ -721,29 +808,32 @@ def work_show(s: Settings, pool_id: int, work_key: str) -> None:
 
 @cli.group("validator")
 def validator_group() -> None:
-    """Grant or revoke the validator role (governance key)."""
+    """Name or remove a pool's validators (the pool owner's key)."""
 
 
-def _role_tx(fn: str, role: str, what: str) -> Any:
+def _validator_tx(add: bool) -> Any:
+    @click.option("--pool", "pool_id", type=int, required=True, help="Pool id.")
     @click.argument("address")
     @common
-    def command(s: Settings, address: str) -> None:
+    def command(s: Settings, pool_id: int, address: str) -> None:
         async def go() -> Any:
             async with await s.client() as c:
-                return await c.transact("ProviderRegistry", fn, role, ops.checksum(address), what=what)
+                fn = ops.add_validator if add else ops.remove_validator
+                return await fn(c, pool_id, address)
 
         r = run(go)
-        output(s, _receipt(r) | {"address": address}, f"{what}: {address} (tx {r.tx_hash})")
+        what = "named validator" if add else "removed validator"
+        output(
+            s,
+            _receipt(r) | {"pool": pool_id, "address": address},
+            f"{what} {address} of pool {pool_id} (tx {r.tx_hash})",
+        )
 
     return command
 
 
-validator_group.command("grant", help="Grant VALIDATOR_ROLE to ADDRESS.")(
-    _role_tx("grantRole", VALIDATOR_ROLE, "validator granted")
-)
-validator_group.command("revoke", help="Revoke VALIDATOR_ROLE from ADDRESS.")(
-    _role_tx("revokeRole", VALIDATOR_ROLE, "validator revoked")
-)
+validator_group.command("add", help="Name ADDRESS a validator of the pool (owner).")(_validator_tx(True))
+validator_group.command("remove", help="Remove ADDRESS from the pool's validators (owner).")(_validator_tx(False))
 
 
 # ---------------------------------------------------------------------------------------- chain
@@ -1079,14 +1169,15 @@ def eval_cmd(
 @click.option("--train-files", type=int, default=2, show_default=True, help="Rollout files per policy step.")
 @click.option("--seed", type=int, help="Fixed task seeds: the same problems in the same order on every run.")
 @click.option("--workers", type=click.IntRange(1, 2), default=2, show_default=True, help="Honest workers.")
-@click.option("--adversary", is_flag=True, help="Add a cheating worker.")
+@click.option("--adversary", is_flag=True, help="Add an adversary (a cheating worker by default) and two jurors.")
 @click.option(
     "--adversary-kind",
-    type=click.Choice(["model", "temperature", "duplicate", "poison"]),
+    type=click.Choice(["model", "temperature", "duplicate", "poison", "lying-validator"]),
     default="model",
     show_default=True,
     help="How the adversary cheats: another model's weights, a hotter temperature than claimed, one completion "
-    "copied to fill each group (duplicate), or proofs that crash the reference verifier (poison).",
+    "copied to fill each group (duplicate), proofs that crash the reference verifier (poison), or a validator "
+    "that accuses honest work (lying-validator: its accusations are appealed and overturned).",
 )
 @click.option("--window", type=int, default=24 * 3600, show_default=True, help="Validation window (seconds).")
 @click.option("--report", type=click.Path(dir_okay=False), help="Write the outcome (with the audit) as JSON here.")

@@ -35,6 +35,12 @@ class Rec:
     bounty: int = 0
     settled_tx: str = ""
     reward: int = 0
+    soft: bool = False
+    dispute: str = ""  # accusation / appeal / challenge, while or after one ran
+    verdict: str = ""  # open / upheld / overturned / lapsed
+    appeal_end: int = 0
+    vote_end: int = 0
+    dispute_txs: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -143,21 +149,62 @@ def rebuild(
                 )
             for r in batch:
                 r.deadline = int(a["deadline"])
+        elif e.name in ("WorkAccused", "WorkChallenged", "WorkSoftInvalidated"):
+            key = a["workKey"]
+            rec = records.get(key)
+            if rec is None:
+                problems.append(f"work {key} disputed but never recorded (tx {e.tx_hash})")
+                continue
+            if rec.status != "pending" or rec.dispute:
+                problems.append(f"work {key} disputed while {rec.status} (tx {e.tx_hash})")
+                continue
+            t = block_time.get(e.block_number)
+            if t is not None and t >= rec.deadline:
+                problems.append(f"work {key} disputed at {t}, at or after its deadline {rec.deadline}")
+            rec.evidence = a["evidenceHash"]
+            rec.dispute_txs.append(e.tx_hash)
+            if e.name == "WorkSoftInvalidated":
+                rec.status, rec.soft, rec.validator, rec.settled_tx = "invalidated", True, a["validator"], e.tx_hash
+                totals.invalidated_units += rec.units
+                continue
+            rec.status, rec.verdict = "disputed", "open"
+            if e.name == "WorkAccused":
+                rec.dispute, rec.validator, rec.appeal_end = "accusation", a["accuser"], int(a["appealEnd"])
+            else:
+                rec.dispute, rec.validator, rec.vote_end = "challenge", a["challenger"], int(a["voteEnd"])
+        elif e.name == "WorkAppealed":
+            rec = records.get(a["workKey"])
+            if rec is None or rec.dispute != "accusation" or rec.verdict != "open":
+                problems.append(f"work {a['workKey']} appealed without an open accusation (tx {e.tx_hash})")
+                continue
+            rec.dispute, rec.vote_end = "appeal", int(a["voteEnd"])
+            rec.dispute_txs.append(e.tx_hash)
+        elif e.name == "DisputeResolved":
+            rec = records.get(a["workKey"])
+            if rec is None or rec.verdict != "open":
+                problems.append(f"work {a['workKey']}: a dispute resolved that was not open (tx {e.tx_hash})")
+                continue
+            rec.verdict = ("open", "upheld", "overturned", "lapsed")[int(a["verdict"])]
+            rec.dispute_txs.append(e.tx_hash)
+            if rec.verdict in ("overturned", "lapsed"):
+                rec.status = "pending"
+            elif rec.status != "invalidated":
+                problems.append(f"work {a['workKey']}: upheld without an invalidation (tx {e.tx_hash})")
         elif e.name == "WorkInvalidated":
             key = a["workKey"]
             rec = records.get(key)
             if rec is None:
                 problems.append(f"work {key} invalidated but never recorded (tx {e.tx_hash})")
                 continue
-            if rec.status != "pending":
+            if rec.status != "disputed" or rec.verdict != "open":
                 problems.append(f"work {key} invalidated while {rec.status} (tx {e.tx_hash})")
                 continue
-            t = block_time.get(e.block_number)
-            if t is not None and t >= rec.deadline:
-                problems.append(f"work {key} invalidated at {t}, at or after its deadline {rec.deadline}")
+            if rec.dispute == "accusation":
+                t = block_time.get(e.block_number)
+                if t is not None and t < rec.appeal_end:
+                    problems.append(f"work {key} slashed at {t}, before its appeal period ended at {rec.appeal_end}")
             rec.status = "invalidated"
             rec.validator = a["validator"]
-            rec.evidence = a["evidenceHash"]
             rec.slashed = int(a["slashed"])
             rec.bounty = int(a["bounty"])
             rec.settled_tx = e.tx_hash

@@ -91,9 +91,15 @@ Statement = tuple[str, tuple[Any, ...]]
 
 
 async def new_ledger_events(
-    c: ChainClient, store: Any, cursor_key: str, pool_id: int, name: str, *, max_blocks: int | None = None
+    c: ChainClient,
+    store: Any,
+    cursor_key: str,
+    pool_id: int,
+    name: str | tuple[str, ...],
+    *,
+    max_blocks: int | None = None,
 ) -> tuple[list[Any], list[Statement]] | None:
-    """The pool's `WorkLedger` events called `name` after the durable block cursor `cursor_key` (up to
+    """The pool's `WorkLedger` events called `name` (or any of the names) after the durable block cursor `cursor_key` (up to
     the head, or `max_blocks` past the cursor), and the statement that moves the cursor past them: the
     caller commits it in the same transaction as what it makes of the events. None: nothing new."""
     cursor = int(store.get(cursor_key, str(c.deployment.block - 1)) or 0)
@@ -106,7 +112,8 @@ async def new_ledger_events(
         f"{name} events",
     )
     move = ("INSERT INTO kv(k, v) VALUES(?, ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v", (cursor_key, str(to)))
-    return [ev for ev in events if ev.name == name], [move]
+    names = (name,) if isinstance(name, str) else name
+    return [ev for ev in events if ev.name in names], [move]
 
 
 def coordinator_addr(bootstrap: list[str], coordinator: str) -> str:

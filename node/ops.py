@@ -100,11 +100,38 @@ async def add_node(c: ChainClient, node: str, units: int, signature: str) -> Rec
     )
 
 
-def node_signature(c: ChainClient, node_key: LocalAccount, provider: str) -> str:
-    return sign_node_binding(node_key, checksum(provider), c.deployment.chain_id, c.contract("ProviderRegistry"))
+async def node_signature(c: ChainClient, node_key: LocalAccount, provider: str) -> str:
+    """The node key's binding signature for `provider`, with the node's current binding nonce."""
+    nonce = int(await c.call("ProviderRegistry", "bindingNonce", node_key.address))
+    return sign_node_binding(node_key, checksum(provider), nonce, c.deployment.chain_id, c.contract("ProviderRegistry"))
 
 
 # ---------------------------------------------------------------------- pools
+
+
+ZERO_ADDRESS = "0x" + "00" * 20
+
+
+@dataclass(frozen=True)
+class DisputeTerms:
+    """How a pool settles disputed work (fixed once it starts): seconds to appeal a hard invalidation,
+    seconds for the committee (or the arbiter) to decide, committee size, the bond each party puts up
+    (None: the pool's slash amount) and an optional arbiter who decides alone."""
+
+    appeal_period: int = 86_400
+    vote_period: int = 86_400
+    committee_size: int = 3
+    bond: int | None = None
+    arbiter: str = ZERO_ADDRESS
+
+    def as_params(self, slash_amount: int) -> dict[str, Any]:
+        return {
+            "appealPeriod": self.appeal_period,
+            "votePeriod": self.vote_period,
+            "committeeSize": self.committee_size,
+            "bond": slash_amount if self.bond is None else self.bond,
+            "arbiter": checksum(self.arbiter, "arbiter"),
+        }
 
 
 @dataclass(frozen=True)
@@ -117,6 +144,8 @@ class PoolSpec:
     slash_amount: int = 0
     min_stake: int = 0
     bootstrap: str = ""
+    validators: tuple[str, ...] = ()
+    disputes: DisputeTerms | None = None
 
     def as_params(self) -> dict[str, Any]:
         return {
@@ -132,8 +161,25 @@ class PoolSpec:
 
 
 async def create_pool(c: ChainClient, spec: PoolSpec) -> tuple[int, Receipt]:
+    """Create the pool, then (before it starts) set its dispute terms and name its validators."""
     r = await c.transact("PoolManager", "createPool", spec.as_params(), what="pool creation")
-    return int(r.event("PoolCreated").args["poolId"]), r
+    pool_id = int(r.event("PoolCreated").args["poolId"])
+    if spec.disputes is not None:
+        terms = spec.disputes.as_params(spec.slash_amount)
+        await c.transact("PoolManager", "setDisputeTerms", pool_id, terms, what="dispute terms")
+    for v in spec.validators:
+        await add_validator(c, pool_id, v)
+    return pool_id, r
+
+
+async def add_validator(c: ChainClient, pool_id: int, validator: str) -> Receipt:
+    v = checksum(validator, "validator")
+    return await c.transact("PoolManager", "addValidator", pool_id, v, what=f"naming validator {v}")
+
+
+async def remove_validator(c: ChainClient, pool_id: int, validator: str) -> Receipt:
+    v = checksum(validator, "validator")
+    return await c.transact("PoolManager", "removeValidator", pool_id, v, what=f"removing validator {v}")
 
 
 async def pool_info(c: ChainClient, pool_id: int) -> dict[str, Any]:
@@ -242,15 +288,85 @@ async def record_work(c: ChainClient, pool_id: int, items: Sequence[WorkItem]) -
     return out
 
 
-async def invalidate(c: ChainClient, pool_id: int, work_key: str, evidence: str) -> Receipt:
+async def _bond(c: ChainClient, pool_id: int, what: str) -> int:
+    """The pool's dispute bond, with the balance checked and the ledger approved to take it."""
+    bond = int((await c.call("PoolManager", "disputeTerms", pool_id))["bond"])
+    if bond:
+        await _check_balance(c, bond, what)
+        await c.ensure_allowance("WorkLedger", bond)
+    return bond
+
+
+async def invalidate(c: ChainClient, pool_id: int, work_key: str, evidence: str, hard: bool = True) -> Receipt:
+    """Invalidate a record as one of the pool's validators. Hard (the default): an accusation with the
+    pool's bond, final (slash) after the appeal period unless appealed. Soft: revoked, no slash."""
+    if not await c.call("PoolManager", "isPoolValidator", pool_id, c.address):
+        raise ChainError(
+            f"{c.address} is not a validator of pool {pool_id}",
+            "the pool's owner names validators with `intellect-node validator add --pool ID ADDRESS`",
+        )
+    if hard:
+        await _bond(c, pool_id, "the accusation bond")
     return await c.transact(
         "WorkLedger",
         "invalidateWork",
         pool_id,
         bytes32(work_key, "work key"),
         bytes32(evidence, "evidence hash"),
-        what="invalidation",
+        hard,
+        what="invalidation" if hard else "soft invalidation",
     )
+
+
+async def finalize_invalidation(c: ChainClient, pool_id: int, work_key: str) -> Receipt:
+    return await c.transact(
+        "WorkLedger", "finalizeInvalidation", pool_id, bytes32(work_key, "work key"), what="finalizing an invalidation"
+    )
+
+
+async def appeal(c: ChainClient, pool_id: int, work_key: str) -> Receipt:
+    rec, d = await record(c, pool_id, work_key), await dispute(c, pool_id, work_key)
+    if d["kindName"] != "accusation" or d["verdictName"] != "open":
+        raise ChainError(f"work {work_key} has no open accusation to appeal (dispute: {d['kindName']})")
+    if checksum(str(rec["provider"])) != checksum(c.address):
+        raise ChainError(f"work {work_key} belongs to provider {rec['provider']}", "appeal with that provider's key")
+    await _bond(c, pool_id, "the appeal bond")
+    return await c.transact("WorkLedger", "appeal", pool_id, bytes32(work_key, "work key"), what="appeal")
+
+
+async def challenge(c: ChainClient, pool_id: int, work_key: str, evidence: str) -> Receipt:
+    if int(await c.call("ProviderRegistry", "stakeOf", c.address)) == 0:
+        raise ChainError(f"{c.address} has no stake", "only staked providers may challenge work")
+    await _bond(c, pool_id, "the challenge bond")
+    return await c.transact(
+        "WorkLedger",
+        "challenge",
+        pool_id,
+        bytes32(work_key, "work key"),
+        bytes32(evidence, "evidence hash"),
+        what="challenge",
+    )
+
+
+async def vote(c: ChainClient, pool_id: int, work_key: str, uphold: bool) -> Receipt:
+    return await c.transact("WorkLedger", "vote", pool_id, bytes32(work_key, "work key"), uphold, what="committee vote")
+
+
+async def resolve_lapsed(c: ChainClient, pool_id: int, work_key: str) -> Receipt:
+    return await c.transact(
+        "WorkLedger", "resolveLapsed", pool_id, bytes32(work_key, "work key"), what="closing a lapsed dispute"
+    )
+
+
+DISPUTE_KIND = ("none", "accusation", "appeal", "challenge")
+VERDICT = ("open", "upheld", "overturned", "lapsed")
+
+
+async def dispute(c: ChainClient, pool_id: int, work_key: str) -> dict[str, Any]:
+    d = dict(await c.call("WorkLedger", "getDispute", pool_id, bytes32(work_key, "work key")))
+    d["kindName"] = DISPUTE_KIND[int(d["kind"])]
+    d["verdictName"] = VERDICT[int(d["verdict"])]
+    return d
 
 
 async def record(c: ChainClient, pool_id: int, work_key: str) -> dict[str, Any]:

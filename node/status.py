@@ -166,7 +166,9 @@ async def provider_status(
     # With --node: that node's slashes here, plus those whose node is unknown (other pools).
     slashes_shown = slashes if only_node is None else [s for s in slashes if s["node"] in (None, only_node)]
 
-    groups: dict[str, list[dict[str, Any]]] = {"pending": [], "claimable": [], "claimed": [], "invalidated": []}
+    groups: dict[str, list[dict[str, Any]]] = {
+        "pending": [], "claimable": [], "claimed": [], "invalidated": [], "disputed": []
+    }  # fmt: skip
     for r in sorted(records, key=lambda r: (r.deadline, r.work_key)):
         base = {
             "work_key": r.work_key,
@@ -182,6 +184,18 @@ async def provider_status(
             groups["claimable"].append(base | {"reward": r.units * rate})
         elif r.status == "claimed":
             groups["claimed"].append(base | {"reward": r.reward, "tx": r.settled_tx})
+        elif r.status == "disputed":
+            groups["disputed"].append(
+                base
+                | {
+                    "dispute": r.dispute,
+                    "by": r.validator,
+                    "evidence": r.evidence,
+                    "appeal_end": r.appeal_end,
+                    "vote_end": r.vote_end,
+                    "txs": r.dispute_txs,
+                }
+            )
         else:
             groups["invalidated"].append(
                 base
@@ -191,6 +205,9 @@ async def provider_status(
                     "validator": r.validator,
                     "evidence": r.evidence,
                     "tx": r.settled_tx,
+                    "soft": r.soft,
+                    "dispute": r.dispute,
+                    "verdict": r.verdict,
                 }
             )
 
@@ -234,6 +251,7 @@ async def provider_status(
             "claimable": total("claimable", "reward"),
             "claimed": total("claimed", "reward"),
             "invalidated": total("invalidated", "slashed"),
+            "disputed": total("disputed", None),
         },
         "slashes": slashes_shown,
         "slashed_total": sum(s["amount"] for s in slashes_shown),
@@ -284,7 +302,8 @@ def format_status(st: dict[str, Any], limit: int = HUMAN_LIMIT) -> list[str]:
         f"  work: {t['pending']['records']} pending ({t['pending']['units']} units),"
         f" {t['claimable']['records']} claimable ({t['claimable']['units']} units, {tokens(t['claimable']['reward'])}),"
         f" {t['claimed']['records']} claimed ({t['claimed']['units']} units, {tokens(t['claimed']['reward'])}),"
-        f" {t['invalidated']['records']} invalidated ({t['invalidated']['units']} units)"
+        f" {t['invalidated']['records']} invalidated ({t['invalidated']['units']} units),"
+        f" {t['disputed']['records']} disputed"
     )
 
     def listed(name: str, fmt: Any) -> None:
@@ -317,10 +336,24 @@ def format_status(st: dict[str, Any], limit: int = HUMAN_LIMIT) -> list[str]:
     listed(
         "invalidated",
         lambda x: (
-            f"invalidated {x['work_key']} node {x['node']}: {x['units']} units, slashed {tokens(x['slashed'])}"
-            f" (tx {x['tx']})"
+            f"invalidated {x['work_key']} node {x['node']}: {x['units']} units, "
+            + ("revoked without a slash" if x["soft"] else f"slashed {tokens(x['slashed'])}")
+            + (f" ({x['dispute']} {x['verdict']})" if x["dispute"] else "")
+            + f" (tx {x['tx']})"
         ),
     )
+
+    def disputed(x: dict[str, Any]) -> str:
+        if x["dispute"] == "accusation":
+            what = (
+                f"accused by validator {x['by']}: slashed at {_when(x['appeal_end'])} unless appealed "
+                f"(`intellect-node work appeal --pool {pid} --key {x['work_key']}`)"
+            )
+        else:
+            what = f"{x['dispute']} (by {x['by']}) before a committee until {_when(x['vote_end'])}"
+        return f"disputed    {x['work_key']} node {x['node']}: {x['units']} units, {what}"
+
+    listed("disputed", disputed)
 
     sl = st["slashes"]
     lines.append(f"  slashes: {len(sl)}" + (f", {tokens(st['slashed_total'])} in all" if sl else ""))

@@ -64,7 +64,7 @@ CREATE TABLE IF NOT EXISTS checks (
     units INTEGER NOT NULL,
     policy_version INTEGER NOT NULL,
     block INTEGER NOT NULL,
-    status TEXT NOT NULL DEFAULT 'pending',  -- pending | skipped | ok | invalid | invalidated | settled | unsigned | error
+    status TEXT NOT NULL DEFAULT 'pending',  -- pending | skipped | ok | invalid | accused | invalidated | overturned | settled | unsigned | error
     reason TEXT,
     evidence TEXT,
     tx TEXT,
@@ -73,6 +73,13 @@ CREATE TABLE IF NOT EXISTS checks (
     checked_at REAL
 );
 CREATE INDEX IF NOT EXISTS checks_status ON checks(status);
+CREATE TABLE IF NOT EXISTS duties (
+    work_key TEXT PRIMARY KEY,              -- an appeal or a challenge in this pool
+    kind TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'open',    -- open | voted | not-drawn | closed
+    vote TEXT,
+    tx TEXT
+);
 """
 
 
@@ -93,6 +100,7 @@ class ValidatorConfig:
     margin: int = 30
     rpc_wait: float = 60.0
     max_rollout_bytes: int = 16 * 1024 * 1024
+    lie: bool = False  # devnet adversary: accuses every record it checks, and votes to uphold every accusation
 
 
 class Validator:
@@ -135,6 +143,8 @@ class Validator:
             "checks": counts,
             "seen": sum(counts.values()),
             "open": counts.get("pending", 0) + counts.get("invalid", 0) + counts.get("unsigned", 0),
+            "accused": counts.get("accused", 0),
+            "duties": self.store.counts("duties"),
             "txs": self.store.journal.counts(),
             "last_error": self.last_error,
         }
@@ -158,11 +168,10 @@ class Validator:
         try:
             await settle_journal(self.store.journal, self.chain.sender)  # type: ignore[arg-type]
             info = await ops.pool_info(self.chain, cfg.pool_id)
-            role = await self.chain.call("ProviderRegistry", "VALIDATOR_ROLE")
-            if not await self.chain.call("ProviderRegistry", "hasRole", role, self.key.address):
+            if not await self.chain.call("PoolManager", "isPoolValidator", cfg.pool_id, self.key.address):
                 raise ChainError(
-                    f"{self.key.address} does not hold the validator role",
-                    "ask governance to grant it (`intellect-node validator grant`)",
+                    f"{self.key.address} is not a validator of pool {cfg.pool_id}",
+                    "ask the pool's owner to name it (`intellect-node validator add --pool ID ADDRESS`)",
                 )
             bootstrap, self.coordinator_peer = pool_peers(cfg.bootstrap, info)
             model = await self.load_spec(info)
@@ -182,6 +191,8 @@ class Validator:
                         try:
                             await self.follow()
                             await self.check_open()
+                            await self.settle_accusations()
+                            await self.serve_committees()
                             self.last_error = ""
                         except (ChainError, RpcUnavailable, trio.TooSlowError, StoreError, OSError) as exc:
                             if isinstance(exc, OSError) and exc.errno not in DISK_FULL:
@@ -262,8 +273,15 @@ class Validator:
         assert self.chain is not None
         c, pool, key = self.chain, self.cfg.pool_id, r["work_key"]
         rec = await retry_rpc(lambda: ops.record(c, pool, key), "record lookup")
-        if rec["status"] != 1:  # already invalidated (maybe by our own tx before a restart) or claimed
-            status = "invalidated" if r["status"] == "invalid" and rec["statusName"] == "invalidated" else "settled"
+        if rec["status"] != 1:  # invalidated or accused (maybe by our own tx before a restart), or claimed
+            d = await retry_rpc(lambda: ops.dispute(c, pool, key), "dispute lookup")
+            ours = r["status"] == "invalid" and str(d["accuser"]).lower() == self.key.address.lower()
+            if ours and d["kindName"] in ("accusation", "appeal"):
+                status = "accused"
+            elif ours or (r["status"] == "invalid" and rec["statusName"] == "invalidated"):
+                status = "invalidated"
+            else:
+                status = "settled"
             self.store.execute("UPDATE checks SET status = ? WHERE work_key = ?", (status, key))
             return
         now = await c.timestamp()
@@ -291,6 +309,8 @@ class Validator:
                 return
             if verdict is None:
                 return
+            if self.cfg.lie:  # the devnet's lying validator: every checked record "fails"
+                verdict = {**verdict, "ok": False, "verdict": {**verdict["verdict"], "reason": "made-up"}}
             evidence = self._save_evidence(key, verdict)
             ok = verdict["ok"]
             self.store.execute(
@@ -321,7 +341,7 @@ class Validator:
                 )  # fmt: skip
             return
         self.last_fetch.pop(key, None)
-        await self._invalidate(key, str(r["evidence"]), r["node"])
+        await self._invalidate(key, str(r["evidence"]), r["node"], str(r.get("reason") or ""))
 
     def _internal_error(self, r: dict[str, Any], exc: BaseException) -> None:
         """A check that failed on our side (a bug, the prefill, the model): retried a bounded number of
@@ -421,22 +441,123 @@ class Validator:
         log.info("the coordinator's trainer refused work %s (%s): checking it", key[:12], str(msg.get("reason"))[:100])
         return True
 
-    async def _invalidate(self, key: str, evidence: str, node: str) -> None:
+    async def _invalidate(self, key: str, evidence: str, node: str, reason: str = "") -> None:
+        """Invalidate failed work: softly (no slash) when its file was never served, since nobody can
+        show what it held; otherwise hard, an accusation with the pool's bond that becomes a slash when
+        its appeal period ends unappealed (`settle_accusations`)."""
         assert self.chain is not None
+        hard = reason != str(Reason.UNAVAILABLE)
         try:
-            rc = await ops.invalidate(self.chain, self.cfg.pool_id, key, evidence)
+            rc = await ops.invalidate(self.chain, self.cfg.pool_id, key, evidence, hard=hard)
         except ChainError as exc:
-            if getattr(exc, "name", None) in ("AlreadySettled", "DeadlinePassed"):
+            if getattr(exc, "name", None) in ("AlreadySettled", "DeadlinePassed", "AlreadyDisputed"):
                 self.store.execute("UPDATE checks SET status = 'settled' WHERE work_key = ?", (key,))
                 return
             raise
-        ev = rc.event("WorkInvalidated").args
-        self.store.execute("UPDATE checks SET status = 'invalidated', tx = ? WHERE work_key = ?", (rc.tx_hash, key))
+        status = "accused" if hard else "invalidated"
+        self.store.execute("UPDATE checks SET status = ?, tx = ? WHERE work_key = ?", (status, rc.tx_hash, key))
         self._count("invalidations")
         self._count("chain_tx_sent", kind="invalidateWork")
-        log.warning(
-            "INVALIDATED work %s of node %s: slashed %s base units (tx %s)", key[:12], node, ev["slashed"], rc.tx_hash
-        )
+        if hard:
+            ev = rc.event("WorkAccused").args
+            log.warning(
+                "ACCUSED work %s of node %s (bond %s): slashed at %s unless appealed (tx %s)",
+                key[:12], node, ev["bond"], ev["appealEnd"], rc.tx_hash,
+            )  # fmt: skip
+        else:
+            log.warning("REVOKED work %s of node %s without a slash (%s) (tx %s)", key[:12], node, reason, rc.tx_hash)
+
+    async def settle_accusations(self) -> None:
+        """Our accusations, one step further: final once the appeal period ended unappealed (which
+        pays our bond back and the bounty), followed while appealed, closed when the committee decided."""
+        assert self.chain is not None
+        c, pool = self.chain, self.cfg.pool_id
+        rows = self.store.query("SELECT work_key FROM checks WHERE status = 'accused'")
+        if not rows:
+            return
+        now = await c.timestamp()
+        for row in rows:
+            key = str(row["work_key"])
+            d = await retry_rpc(lambda key=key: ops.dispute(c, pool, key), "dispute lookup")
+            verdict, kind = d["verdictName"], d["kindName"]
+            try:
+                if verdict == "open" and kind == "accusation" and now >= int(d["appealEnd"]):
+                    rc = await ops.finalize_invalidation(c, pool, key)
+                    ev = rc.event("WorkInvalidated").args
+                    log.warning(
+                        "INVALIDATED work %s: slashed %s base units (tx %s)", key[:12], ev["slashed"], rc.tx_hash
+                    )
+                    verdict = "upheld"
+                elif verdict == "open" and kind in ("appeal", "challenge") and now >= int(d["voteEnd"]):
+                    await ops.resolve_lapsed(c, pool, key)
+                    verdict = "lapsed"
+            except ChainError as exc:
+                if getattr(exc, "name", None) not in ("NotDisputed",):
+                    raise
+                d = await ops.dispute(c, pool, key)
+                verdict = d["verdictName"]
+            if verdict != "open":
+                status = {"upheld": "invalidated", "overturned": "overturned"}.get(verdict, "settled")
+                self.store.execute("UPDATE checks SET status = ? WHERE work_key = ?", (status, key))
+                if status == "overturned":
+                    log.warning("our accusation of work %s was OVERTURNED on appeal: our bond is lost", key[:12])
+
+    async def serve_committees(self) -> None:
+        """Appeals and challenges in the pool: draw their committee once its seed block exists, and when
+        we are on it, check the record's file ourselves and vote (uphold the invalidation only if our
+        own check fails). Our vote is never the accuser's word: it is our verdict."""
+        assert self.chain is not None
+        c, pool, me = self.chain, self.cfg.pool_id, self.key.address
+        got = await new_ledger_events(c, self.store, "duty-cursor", pool, ("WorkAppealed", "WorkChallenged"))
+        if got is not None:
+            events, move = got
+            stmts = [
+                ("INSERT OR IGNORE INTO duties(work_key, kind) VALUES(?, ?)",
+                 (str(ev.args["workKey"]), "appeal" if ev.name == "WorkAppealed" else "challenge"))
+                for ev in events
+            ]  # fmt: skip
+            self.store.execute_many(stmts + move)
+        for row in self.store.query("SELECT * FROM duties WHERE status = 'open'"):
+            key = str(row["work_key"])
+            d = await retry_rpc(lambda key=key: ops.dispute(c, pool, key), "dispute lookup")
+            if d["verdictName"] != "open":
+                self.store.execute("UPDATE duties SET status = 'closed' WHERE work_key = ?", (key,))
+                continue
+            if not d["drawn"]:
+                await c.transact("WorkLedger", "drawCommittee", pool, key, what="committee draw")
+                d = await ops.dispute(c, pool, key)
+                if not d["drawn"]:
+                    continue  # its seed block is not mined yet, or the draw was committed anew
+            state = int(await c.call("WorkLedger", "jurorState", pool, key, me))
+            if state != 1:
+                self.store.execute(
+                    "UPDATE duties SET status = ? WHERE work_key = ?", ("voted" if state == 2 else "not-drawn", key)
+                )
+                continue
+            r = self.store.one("SELECT * FROM checks WHERE work_key = ?", (key,))
+            if r is None:
+                continue  # the record's event has not been followed yet
+            # Without the file (or the weights) this round, no vote: we judge only what we can check.
+            verdict = await self._verify(dict(r))
+            if verdict is None or verdict["verdict"]["reason"] == str(Reason.UNAVAILABLE):
+                continue
+            uphold = not verdict["ok"] or self.cfg.lie
+            try:
+                rc = await ops.vote(c, pool, key, uphold)
+            except ChainError as exc:
+                if getattr(exc, "name", None) not in ("NotDisputed", "VotePeriodOver", "NotJuror"):
+                    raise
+                self.store.execute("UPDATE duties SET status = 'closed' WHERE work_key = ?", (key,))
+                continue
+            self.store.execute(
+                "UPDATE duties SET status = 'voted', vote = ?, tx = ? WHERE work_key = ?",
+                ("uphold" if uphold else "overturn", rc.tx_hash, key),
+            )
+            self._count("chain_tx_sent", kind="vote")
+            log.warning(
+                "COMMITTEE: voted to %s the invalidation of work %s (our check: %s) (tx %s)",
+                "uphold" if uphold else "overturn", key[:12], "failed" if not verdict["ok"] else "ok", rc.tx_hash,
+            )  # fmt: skip
 
     async def _policy_loop(self) -> None:
         assert self.net is not None

@@ -30,7 +30,17 @@ from .chain import ChainClient, ChainError, Deployment
 from .chain.errors import RpcUnavailable
 from .chain.messages import tokens
 from .chain.signing import Invite, RolloutClaim
-from .daemon import ModelTools, connect_chain, count, model_tools, open_pool_network, pool_peers, retry, retry_rpc
+from .daemon import (
+    ModelTools,
+    connect_chain,
+    count,
+    model_tools,
+    new_ledger_events,
+    open_pool_network,
+    pool_peers,
+    retry,
+    retry_rpc,
+)
 from .p2p.blobs import BlobStore, serve_blobs, upload_blob
 from .p2p.host import P2PError, Refused
 from .p2p.network import PoolNetwork
@@ -53,6 +63,13 @@ CREATE TABLE IF NOT EXISTS rollouts (
     created REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS claims (tx TEXT PRIMARY KEY, keys INTEGER NOT NULL, reward TEXT NOT NULL, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS appeals (
+    work_key TEXT PRIMARY KEY,              -- a hard invalidation of our work
+    status TEXT NOT NULL,                   -- appealed | declined | failed-self-check | too-late
+    detail TEXT,
+    tx TEXT,
+    at REAL NOT NULL
+);
 """
 
 # Devnet adversaries: another model's weights; a hotter temperature than claimed; one completion per
@@ -195,6 +212,7 @@ class Worker:
                     self._serve_files()
                     nursery.start_soon(self._heartbeat_loop)
                     nursery.start_soon(self._claim_loop)
+                    nursery.start_soon(self._appeal_loop)
                     await self.resume()
                     await self.work_loop()
                     self.phase = "done: heartbeating and claiming"
@@ -262,7 +280,7 @@ class Worker:
                 )
             return
         self.phase = "binding the node"
-        sig = ops.node_signature(c, self.node, self.provider.address)
+        sig = await ops.node_signature(c, self.node, self.provider.address)
         await ops.add_node(c, self.node.address, self.cfg.compute_units, sig)
         self._count("chain_tx_sent", kind="addNode")
         log.info("bound node %s to provider %s", self.node.address, self.provider.address)
@@ -666,6 +684,78 @@ class Worker:
             except (ChainError, RpcUnavailable) as exc:
                 self.last_error = str(exc)
                 log.warning("claiming failed (will retry): %s", exc)
+
+    async def _appeal_loop(self) -> None:
+        assert self.chain is not None
+        while True:
+            await trio.sleep(self.cfg.claim_every)
+            try:
+                await self.appeal_accusations()
+            except (ChainError, RpcUnavailable) as exc:
+                self.last_error = str(exc)
+                log.warning("following accusations failed (will retry): %s", exc)
+
+    def self_check(self, key: str) -> str | None:
+        """Why our own file for `key` would not stand (None: it does): we must hold it, its bytes must
+        hash to the key, and it must parse under the same bounded reader every checker uses. What a
+        validator's model-based check found is the committee's to re-check, on the file we keep serving."""
+        row = self.store.one("SELECT path FROM rollouts WHERE work_key = ?", (key,))
+        if row is None:
+            return "not a rollout of this node"
+        try:
+            data = Path(str(row["path"])).read_bytes()
+        except OSError as exc:
+            return f"the file is gone: {exc}"
+        if work_key(data) != key:
+            return "the file on disk does not hash to its work key"
+        try:
+            RolloutFile.from_bytes(data)
+        except Exception as exc:
+            return f"the file does not parse: {exc}"
+        return None
+
+    async def appeal_accusations(self) -> int:
+        """Hard invalidations of this node's work: appealed (with the pool's bond) when our self-check
+        of the file passes, and only with `--yes` (else the command to appeal is logged). Returns how
+        many were appealed now."""
+        assert self.chain is not None
+        c, pool = self.chain, self.cfg.pool_id
+        got = await new_ledger_events(c, self.store, "accused-cursor", pool, "WorkAccused")
+        if got is None:
+            return 0
+        events, move = got
+        mine = [ev for ev in events if str(ev.args["provider"]).lower() == self.provider.address.lower()]
+        appealed = 0
+        for ev in mine:
+            key = str(ev.args["workKey"])
+            if self.store.one("SELECT 1 FROM appeals WHERE work_key = ?", (key,)) is not None:
+                continue
+            if self.store.one("SELECT 1 FROM rollouts WHERE work_key = ?", (key,)) is None:
+                continue  # work of another node of the same provider: its own worker answers
+            why = self.self_check(key)
+            status, detail, tx = "appealed", "", None
+            if why is not None:
+                status, detail = "failed-self-check", why
+            elif not self.cfg.yes:
+                status = "declined"
+                detail = (
+                    f"appeal with `intellect-node work appeal --pool {pool} --key {key}` before {ev.args['appealEnd']}"
+                )
+            else:
+                try:
+                    tx = (await ops.appeal(c, pool, key)).tx_hash
+                    appealed += 1
+                except ChainError as exc:
+                    status, detail = "too-late", str(exc)
+            self.store.execute(
+                "INSERT OR IGNORE INTO appeals(work_key, status, detail, tx, at) VALUES(?, ?, ?, ?, ?)",
+                (key, status, detail[:500], tx, time.time()),
+            )
+            log.warning(
+                "work %s accused by %s: %s%s", key[:12], ev.args["accuser"], status, f" ({detail})" if detail else ""
+            )
+        self.store.execute_many(move)
+        return appealed
 
     async def claim_final(self) -> int:
         assert self.chain is not None

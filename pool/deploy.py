@@ -14,7 +14,9 @@ from node.chain.tx import TxSender
 
 DAY = 86_400
 TOKEN = 10**18
-VALIDATOR_ROLE = "0x" + keccak(text="VALIDATOR_ROLE").hex()
+#: Receives slashed stake on a local chain when no treasury is named: an address nobody administers
+#: (the treasury is never the admin by default). Any real network must name one.
+LOCAL_TREASURY = "0x000000000000000000000000000000000000dEaD"
 SLASHER_ROLE = "0x" + keccak(text="SLASHER_ROLE").hex()
 
 
@@ -24,7 +26,6 @@ class DeployParams:
     unbonding_period: int = 7 * DAY
     stake_per_compute_unit: int = 10 * TOKEN
     min_provider_stake: int = 10 * TOKEN
-    validators: tuple[str, ...] = ()
 
 
 async def deploy(
@@ -36,8 +37,9 @@ async def deploy(
     rpc_url: str = "",
     progress: object = None,
 ) -> Deployment:
-    """Deploy token, registry, pool manager and ledger; grant the ledger SLASHER_ROLE, wire the
-    registry to the pool manager, grant VALIDATOR_ROLE to `params.validators`."""
+    """Deploy token, registry, pool manager and ledger; grant the ledger SLASHER_ROLE and wire the
+    registry to the pool manager and the ledger's stake lock. Validators are named per pool, by its
+    owner (`PoolSpec.validators`)."""
     chain_id = await rpc.chain_id()
     sender = TxSender(rpc, deployer, chain_id)
     say = progress if callable(progress) else (lambda _msg: None)
@@ -50,7 +52,9 @@ async def deploy(
         say(f"deployed {name} at {address} (gas {receipt.gas_used})")
         return address, receipt.block_number
 
-    treasury = params.treasury or deployer.address
+    if params.treasury is None and network != "local":
+        raise ValueError(f"a deployment on {network} needs a treasury address (the admin is not one by default)")
+    treasury = params.treasury or LOCAL_TREASURY
     token, first_block = await create("IntellectToken", deployer.address)
     registry, _ = await create(
         "ProviderRegistry",
@@ -72,9 +76,6 @@ async def deploy(
     await sender.send(
         registry, reg.fn("grantRole").encode([SLASHER_ROLE, ledger]), what="grant the ledger SLASHER_ROLE"
     )
-    for v in params.validators:
-        await sender.send(registry, reg.fn("grantRole").encode([VALIDATOR_ROLE, v]), what=f"grant validator {v}")
-        say(f"granted VALIDATOR_ROLE to {v}")
     return Deployment(
         chain_id=chain_id,
         contracts={"IntellectToken": token, "ProviderRegistry": registry, "PoolManager": pools, "WorkLedger": ledger},

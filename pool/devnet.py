@@ -32,6 +32,7 @@ from libp2p.peer.id import ID
 from node import ops
 from node.audit import audit
 from node.chain import ChainClient, Deployment
+from node.chain.abi import topic
 from node.chain.anvil import ANVIL_KEYS, Anvil, free_port
 from node.chain.messages import tokens
 from node.chain.rpc import RpcClient
@@ -95,15 +96,29 @@ class Roles:
     provider: Any
     node: Any
     workers: list[tuple[Any, Any]] = field(default_factory=list)
+    jurors: list[Any] = field(default_factory=list)  # validators that only sit on dispute committees
+    liar: Any = None  # the lying validator of `--adversary-kind lying-validator`
 
     @classmethod
     def default(cls) -> Roles:
         k = [from_hex(x) for x in ANVIL_KEYS]
+        # Beyond anvil's ten funded accounts: fixed keys, given ether by `create_pool` (local only).
+        extra = [from_hex("0x" + hashlib.sha256(f"intellect devnet {n}".encode()).hexdigest()) for n in range(3)]
         # (provider, node) pairs for up to 3 workers: accounts 3/4, 5/6, 7/8
         return cls(
             owner=k[0], coordinator=k[1], validator=k[2], provider=k[3], node=k[4],
-            workers=[(k[3], k[4]), (k[5], k[6]), (k[7], k[8])],
+            workers=[(k[3], k[4]), (k[5], k[6]), (k[7], k[8])], jurors=extra[:2], liar=extra[2],
         )  # fmt: skip
+
+    @property
+    def validators(self) -> list[Any]:
+        """Every validator the devnet's pool names: the checking one, the jurors and the liar."""
+        return [self.validator, *self.jurors, self.liar]
+
+
+#: Devnet dispute terms: an hour to appeal and an hour to vote (the devnet fast-forwards the chain by
+#: the validation window once work is checked and disputes are decided), committees of up to three.
+DEVNET_DISPUTES = ops.DisputeTerms(appeal_period=3600, vote_period=3600, committee_size=3)
 
 
 def peer_id_of(account: Any) -> str:
@@ -111,19 +126,21 @@ def peer_id_of(account: Any) -> str:
 
 
 async def create_pool(url: str, opts: DevnetOptions, roles: Roles, say: Any, bootstrap: str) -> dict[str, Any]:
+    lying = opts.adversary and opts.adversary_kind == "lying-validator"  # only then is the liar named
     async with RpcClient(url) as rpc:
-        dep = await deploy(
-            rpc, roles.owner, DeployParams(validators=(roles.validator.address,)), rpc_url=url, progress=say
-        )
+        dep = await deploy(rpc, roles.owner, DeployParams(), rpc_url=url, progress=say)
+        for v in roles.validators:  # gas for the keys beyond anvil's funded ones
+            await rpc.request("anvil_setBalance", [v.address, hex(10**20)])
     dep.save(opts.workdir / "deployment.json")
     spec_bytes = json.dumps(task_spec(opts.model, opts.env), sort_keys=True).encode()
     (opts.workdir / "task-spec.json").write_bytes(spec_bytes)
     owner = await ChainClient.connect(url, dep, roles.owner)
     try:
         mint = [(roles.owner.address, 100_000)] + [(p.address, 1_000) for p, _ in roles.workers]
+        mint += [(v.address, 1_000) for v in roles.validators]  # their dispute bonds
         for who, amount in mint:
             await owner.transact("IntellectToken", "mint", who, amount * TOKEN, what="mint")
-        say("minted test tokens to the pool owner and the providers")
+        say("minted test tokens to the pool owner, the providers and the validators")
         spec = ops.PoolSpec(
             coordinator=roles.coordinator.address,
             spec_uri=(opts.workdir / "task-spec.json").resolve().as_uri(),
@@ -133,6 +150,8 @@ async def create_pool(url: str, opts: DevnetOptions, roles: Roles, say: Any, boo
             slash_amount=5 * TOKEN,
             min_stake=20 * TOKEN,
             bootstrap=bootstrap,
+            validators=tuple(v.address for v in roles.validators if v is not roles.liar or lying),
+            disputes=DEVNET_DISPUTES,
         )
         pool_id, _ = await ops.create_pool(owner, spec)
         await owner.transact("PoolManager", "startPool", pool_id, what="pool start")
@@ -152,7 +171,7 @@ async def join_one_node(url: str, dep: Any, roles: Roles, pool_id: int, say: Any
     coord = await ChainClient.connect(url, dep, roles.coordinator)
     try:
         await ops.register_provider(provider, 100 * TOKEN)
-        sig = ops.node_signature(provider, roles.node, roles.provider.address)
+        sig = await ops.node_signature(provider, roles.node, roles.provider.address)
         await ops.add_node(provider, roles.node.address, 1, sig)
         say(f"registered provider {roles.provider.address} and bound node {roles.node.address}")
         invite = await ops.make_invite(coord, roles.coordinator, pool_id, roles.node.address, 3600)
@@ -249,18 +268,21 @@ def make_procs(opts: DevnetOptions, url: str, roles: Roles, pool_id: int, coord_
         + (["--seed", str(opts.seed)] if opts.seed is not None else []),
         roles.coordinator,
     )  # fmt: skip
-    add(
-        "validator",
-        "validator",
-        ["validate", "--pool", str(pool_id), "--listen", "/ip4/127.0.0.1/tcp/0", "--model", opts.model],
-        roles.validator,
-    )
-    n_workers = opts.workers + (1 if opts.adversary else 0)
+    validate = ["validate", "--pool", str(pool_id), "--listen", "/ip4/127.0.0.1/tcp/0", "--model", opts.model]
+    add("validator", "validator", validate, roles.validator)
+    lying = opts.adversary and opts.adversary_kind == "lying-validator"
+    if opts.adversary:
+        # Jurors check nothing on their own (sample rate 0) and sit on the committees of appeals.
+        for i, juror in enumerate(roles.jurors):
+            add(f"juror{i + 1}", "validator", [*validate, "--sample-rate", "0"], juror)
+    if lying:
+        add("liar", "validator", [*validate, "--lie"], roles.liar)
+    n_workers = opts.workers + (1 if opts.adversary and not lying else 0)
     if n_workers > len(roles.workers):
         raise click.UsageError(f"the devnet has keys for {len(roles.workers)} workers")
     for i in range(n_workers):
         provider, node = roles.workers[i]
-        cheat = opts.adversary and i == n_workers - 1
+        cheat = opts.adversary and not lying and i == n_workers - 1
         args = ["join", "--pool", str(pool_id), "--listen", "/ip4/127.0.0.1/tcp/0", "--steps", str(opts.steps), "--yes"]
         if cheat:
             args += ["--cheat", opts.adversary_kind]
@@ -309,7 +331,8 @@ async def orchestrate(
     url: str, opts: DevnetOptions, roles: Roles, pool_id: int, procs: list[Proc], say: Any
 ) -> dict[str, Any]:
     by_role = {p.name: p for p in procs}
-    coord, validator = by_role["coordinator"], by_role["validator"]
+    coord = by_role["coordinator"]
+    checkers = [p for p in procs if p.name in ("validator", "liar")]  # the validators that check every record
     workers = [p for p in procs if p.role == "worker"]
     deadline = time.monotonic() + opts.timeout
     live = opts.live if opts.live is not None else (sys.stdout.isatty() and not opts.as_json)
@@ -361,11 +384,16 @@ async def orchestrate(
                 return (
                     r.get("accepted", 0) == 0
                     and r.get("recorded", 0) + r.get("dropped", 0) >= total
-                    and validator.status.get("seen", 0) >= r.get("recorded", 0)
-                    and validator.status.get("open", 1) == 0
+                    and all(v.status.get("seen", 0) >= r.get("recorded", 0) for v in checkers)
+                    and all(v.status.get("open", 1) == 0 for v in checkers)
                 )
 
             await wait_until(recorded_and_checked, "recording work on chain and validating it")
+            reader = await ChainClient.connect(url, Deployment.load(opts.workdir / "deployment.json"))
+            try:
+                await decide_disputes(reader, pool_id, wait_until)
+            finally:
+                await reader.aclose()
             async with RpcClient(url) as rpc:
                 await rpc.request("evm_increaseTime", [opts.window + 1])
                 await rpc.request("evm_mine", [])
@@ -376,12 +404,78 @@ async def orchestrate(
                     await wait_until(lambda: True, "workers claiming final rewards")
                     await trio.sleep(1.0)
                 report = await audit(reader, pool_id)
+                disputes = await dispute_summary(reader, pool_id, roles)
             finally:
                 await reader.aclose()
     finally:
         if view is not None:
             view.stop()
-    return build_report(opts, roles, pool_id, procs, report)
+    return build_report(opts, roles, pool_id, procs, report) | {"disputes": disputes}
+
+
+#: Seconds an accusation is given for its provider's worker to appeal before the chain is fast-forwarded
+#: (workers look every `claim_every`, 5 s).
+APPEAL_GRACE = 20.0
+
+
+async def decide_disputes(reader: ChainClient, pool_id: int, wait_until: Any) -> None:
+    """Before time moves on: every accusation has had `APPEAL_GRACE` seconds to be appealed, and every
+    appeal and challenge has been decided by its committee (a vote period that ran out under the
+    fast-forward would decide nothing)."""
+    first_seen: dict[str, float] = {}
+    state = {"done": False}
+
+    async def poll() -> None:
+        events = await reader.events(["WorkLedger"], topics=[None, topic(pool_id)])
+        now = time.monotonic()
+        contested, resolved = set(), set()
+        for e in events:
+            k = str(e.args.get("workKey"))
+            if e.name == "WorkAccused":
+                first_seen.setdefault(k, now)
+            elif e.name in ("WorkAppealed", "WorkChallenged"):
+                contested.add(k)
+            elif e.name == "DisputeResolved":
+                resolved.add(k)
+        graced = all(now - t >= APPEAL_GRACE for k, t in first_seen.items() if k not in contested)
+        state["done"] = graced and contested <= resolved
+
+    await poll()
+    while not state["done"]:
+        await wait_until(lambda: True, "appeals of accused work decided by their committees")
+        await trio.sleep(2.0)
+        await poll()
+
+
+async def dispute_summary(reader: ChainClient, pool_id: int, roles: Roles) -> dict[str, Any]:
+    """Every dispute of the pool from its events: who accused or challenged, whether it was appealed,
+    and the verdict; per accuser, how many of its accusations stood and the bonds it won or lost."""
+    events = await reader.events(["WorkLedger"], topics=[None, topic(pool_id)])
+    names = {v.address: n for n, v in [("validator", roles.validator), ("liar", roles.liar)]}
+    names |= {j.address: f"juror{i + 1}" for i, j in enumerate(roles.jurors)}
+    by_key: dict[str, dict[str, Any]] = {}
+    for e in events:
+        a = e.args
+        if e.name in ("WorkAccused", "WorkChallenged"):
+            accuser = a["accuser"] if e.name == "WorkAccused" else a["challenger"]
+            by_key[a["workKey"]] = {
+                "by": names.get(accuser, accuser), "provider": a["provider"], "appealed": False, "verdict": "open",
+                "kind": "accusation" if e.name == "WorkAccused" else "challenge",
+            }  # fmt: skip
+        elif e.name == "WorkAppealed" and a["workKey"] in by_key:
+            by_key[a["workKey"]]["appealed"] = True
+        elif e.name == "DisputeResolved" and a["workKey"] in by_key:
+            by_key[a["workKey"]]["verdict"] = ("open", "upheld", "overturned", "lapsed")[int(a["verdict"])]
+            by_key[a["workKey"]]["bonds"] = int(a["bonds"])
+    per: dict[str, dict[str, int]] = {}
+    for d in by_key.values():
+        p = per.setdefault(d["by"], {"accused": 0, "upheld": 0, "overturned": 0, "bonds_lost": 0})
+        p["accused"] += 1
+        if d["verdict"] in ("upheld", "overturned"):
+            p[d["verdict"]] += 1
+        if d["verdict"] == "overturned":
+            p["bonds_lost"] += d.get("bonds", 0) // (2 if d["appealed"] else 1)
+    return {"records": by_key, "by_accuser": per}
 
 
 def build_report(opts: DevnetOptions, roles: Roles, pool_id: int, procs: list[Proc], rep: Any) -> dict[str, Any]:
@@ -455,6 +549,18 @@ def check_outcome(report: dict[str, Any]) -> list[str]:
                 problems.append(f"the trainer refused {n['trainer_refused']} honest rollout(s) of {name}")
             if n["units_claimed"] == 0 or n["units_claimed"] != n["units_recorded"]:
                 problems.append(f"honest {name} claimed {n['units_claimed']} of {n['units_recorded']} units")
+    d = report.get("disputes", {"records": {}, "by_accuser": {}})
+    if report.get("adversary") == "lying-validator":
+        liar = d["by_accuser"].get("liar", {})
+        if not liar.get("accused"):
+            problems.append("the lying validator accused nothing")
+        elif liar.get("upheld") or liar.get("overturned") != liar.get("accused"):
+            problems.append(f"the lying validator's accusations were not all overturned on appeal: {liar}")
+        elif not liar.get("bonds_lost"):
+            problems.append("the lying validator lost no bond")
+    for k, rec in d["records"].items():
+        if rec["appealed"] and rec["verdict"] == "open":
+            problems.append(f"the appeal of {k} was never decided")
     t = report.get("training", {})
     if t.get("samples_verified", 0) != t.get("samples_trained", 0):
         problems.append(f"trained on {t['samples_trained']} samples, only {t['samples_verified']} verified first")
@@ -614,9 +720,20 @@ def print_summary(report: dict[str, Any], say: Any) -> None:
         )  # fmt: skip
         if t.get("reward_plot"):
             say(f"  reward curve plotted in {t['reward_plot']}")
+    d = report.get("disputes", {}).get("by_accuser", {})
+    for who, n in d.items():
+        say(
+            f"  disputes by {who}: {n['accused']} accusation(s), {n['upheld']} upheld, {n['overturned']} overturned"
+            + (f" (lost {tokens(n['bonds_lost'])} in bonds)" if n["bonds_lost"] else "")
+        )
     a = report["audit"]
     say(f"  audit: {'consistent' if a['consistent'] else 'MISMATCHES: ' + '; '.join(a['mismatches'][:3])}")
     if report["problems"]:
         say("  PROBLEMS: " + "; ".join(report["problems"]))
     else:
-        say("  outcome as expected: honest work claimed, cheating invalidated and slashed")
+        if report.get("adversary") == "lying-validator":
+            say("  outcome as expected: honest work claimed, the lying validator's accusations overturned on appeal")
+        elif report.get("adversary"):
+            say("  outcome as expected: honest work claimed, cheating invalidated and slashed")
+        else:
+            say("  outcome as expected: honest work recorded, verified and claimed")

@@ -17,9 +17,11 @@ import pytest
 import trio
 from eth_account.signers.local import LocalAccount
 
+from node import ops
 from node.chain import ChainClient, Deployment
 from node.chain.anvil import ANVIL_KEYS, Anvil
 from node.chain.rpc import RpcClient
+from node.chain.tx import Receipt
 from node.keys import from_hex
 from pool.deploy import TOKEN, DeployParams, deploy
 
@@ -95,10 +97,10 @@ def world(anvil: Anvil, tmp_path_factory: pytest.TempPathFactory) -> World:
 
     async def setup() -> Deployment:
         async with RpcClient(anvil.url) as rpc:
-            dep = await deploy(rpc, admin, DeployParams(validators=(validator.address,)), rpc_url=anvil.url)
+            dep = await deploy(rpc, admin, DeployParams(), rpc_url=anvil.url)
         c = await ChainClient.connect(anvil.url, dep, admin)
         async with c:
-            for who in (admin, provider, outsider):
+            for who in (admin, provider, outsider, validator):
                 await c.transact("IntellectToken", "mint", who.address, 10_000 * TOKEN)
         return dep
 
@@ -106,6 +108,18 @@ def world(anvil: Anvil, tmp_path_factory: pytest.TempPathFactory) -> World:
     path = tmp_path_factory.mktemp("deploy") / "deployment.json"
     dep.save(path)
     return World(anvil.url, dep, path, admin, provider, coordinator, validator, outsider, node, node2)
+
+
+async def slash_now(w: World, pool_id: int, work_key: str, evidence: str = "0x" + "ee" * 32) -> Receipt:
+    """The pool's validator (`w.validator`) invalidates `work_key` hard, nobody appeals, and once the
+    chain's clock has passed the appeal period anyone makes it final. Returns the finalizing receipt
+    (its `WorkInvalidated` and `Slashed` events)."""
+    async with await w.client(w.validator) as v:
+        accused = (await ops.invalidate(v, pool_id, work_key, evidence)).event("WorkAccused").args
+        now = await v.timestamp()
+        await v.rpc.request("evm_increaseTime", [max(0, int(accused["appealEnd"]) - now)])
+        await v.rpc.request("evm_mine", [])
+        return await ops.finalize_invalidation(v, pool_id, work_key)
 
 
 @pytest.fixture

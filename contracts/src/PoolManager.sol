@@ -17,6 +17,12 @@ contract PoolManager is IPoolMembership, EIP712 {
         keccak256("Invite(uint256 poolId,address node,uint256 nonce,uint64 expiry)");
     /// @notice Validation window used when a pool is created with window 0.
     uint64 public constant DEFAULT_VALIDATION_WINDOW = 24 hours;
+    /// @notice Most validators a pool may name (bounds the committee draw).
+    uint256 public constant MAX_POOL_VALIDATORS = 32;
+    /// @notice Dispute terms a new pool starts with (the owner may change them until it starts).
+    uint64 public constant DEFAULT_APPEAL_PERIOD = 24 hours;
+    uint64 public constant DEFAULT_VOTE_PERIOD = 24 hours;
+    uint8 public constant DEFAULT_COMMITTEE_SIZE = 3;
 
     enum Status {
         None,
@@ -62,6 +68,20 @@ contract PoolManager is IPoolMembership, EIP712 {
         uint256 minStake;
     }
 
+    /// @notice How a pool settles disputed work (fixed once the pool starts).
+    /// @param appealPeriod Seconds a provider has to appeal a hard invalidation before it is final.
+    /// @param votePeriod Seconds a committee (or the arbiter) has to decide an appeal or a challenge.
+    /// @param committeeSize Validators drawn per dispute (k of the pool's n; majority decides).
+    /// @param bond Tokens an accuser, an appellant and a challenger each put up; the loser's goes to the winner.
+    /// @param arbiter When set, this address alone decides disputes instead of a committee.
+    struct DisputeTerms {
+        uint64 appealPeriod;
+        uint64 votePeriod;
+        uint8 committeeSize;
+        uint128 bond;
+        address arbiter;
+    }
+
     /// @notice A provider's memberships and the stake they require (see `stakeFloor`).
     struct Floor {
         uint32 memberships;
@@ -85,6 +105,12 @@ contract PoolManager is IPoolMembership, EIP712 {
     mapping(uint256 => mapping(uint256 => bool)) private _inviteUsed;
     mapping(uint256 => mapping(address => bool)) private _blacklisted;
     mapping(address => Floor) private _floors;
+    mapping(uint256 => DisputeTerms) private _disputeTerms;
+    mapping(uint256 => address[]) private _validators;
+    mapping(uint256 => mapping(address => uint256)) private _validatorSlot; // index + 1
+    /// @notice Bumped whenever a pool's validator set changes (a committee draw must see the set it
+    /// was committed against).
+    mapping(uint256 => uint64) public validatorEpoch;
 
     event PoolCreated(
         uint256 indexed poolId,
@@ -104,6 +130,12 @@ contract PoolManager is IPoolMembership, EIP712 {
     event NodeLeft(uint256 indexed poolId, address indexed node, address indexed provider);
     event NodeEjected(uint256 indexed poolId, address indexed node, address indexed by);
     event NodeBlacklisted(uint256 indexed poolId, address indexed node, address indexed by);
+    event ValidatorAdded(uint256 indexed poolId, address indexed validator);
+    event ValidatorRemoved(uint256 indexed poolId, address indexed validator);
+    event DisputeTermsSet(
+        uint256 indexed poolId, uint64 appealPeriod, uint64 votePeriod, uint8 committeeSize, uint128 bond, address arbiter
+    );
+    event CoordinatorRotated(uint256 indexed poolId, address indexed previous, address indexed coordinator);
 
     error ZeroAddress();
     error UnknownPool(uint256 poolId);
@@ -119,6 +151,10 @@ contract PoolManager is IPoolMembership, EIP712 {
     error NotInPool(address node, uint256 poolId);
     error Blacklisted(uint256 poolId, address node);
     error StakeTooLow(uint256 have, uint256 need);
+    error AlreadyValidator(uint256 poolId, address validator);
+    error NotPoolValidator(uint256 poolId, address validator);
+    error TooManyValidators(uint256 poolId, uint256 max);
+    error BadDisputeTerms();
 
     /// @param registry_ The provider registry.
     constructor(ProviderRegistry registry_) EIP712("IntellectPoolManager", "1") {
@@ -149,6 +185,14 @@ contract PoolManager is IPoolMembership, EIP712 {
         p.specHash = params.specHash;
         p.specURI = params.specURI;
         p.bootstrap = params.bootstrap;
+        DisputeTerms memory d = DisputeTerms({
+            appealPeriod: DEFAULT_APPEAL_PERIOD,
+            votePeriod: DEFAULT_VOTE_PERIOD,
+            committeeSize: DEFAULT_COMMITTEE_SIZE,
+            bond: params.slashAmount,
+            arbiter: address(0)
+        });
+        _disputeTerms[poolId] = d;
         emit PoolCreated(
             poolId,
             msg.sender,
@@ -161,6 +205,57 @@ contract PoolManager is IPoolMembership, EIP712 {
             params.minStake
         );
         if (bytes(params.bootstrap).length != 0) emit BootstrapUpdated(poolId, params.bootstrap);
+        emit DisputeTermsSet(poolId, d.appealPeriod, d.votePeriod, d.committeeSize, d.bond, d.arbiter);
+    }
+
+    /// @notice Sets how disputes are settled. Only the owner, only before the pool starts: members join
+    /// under terms that cannot change under them.
+    function setDisputeTerms(uint256 poolId, DisputeTerms calldata d) external {
+        Pool storage p = _owned(poolId);
+        if (p.status != Status.Created) revert WrongPoolStatus(poolId, p.status, Status.Created);
+        if (d.appealPeriod == 0 || d.votePeriod == 0 || d.committeeSize == 0) revert BadDisputeTerms();
+        if (d.committeeSize > MAX_POOL_VALIDATORS) revert BadDisputeTerms();
+        _disputeTerms[poolId] = d;
+        emit DisputeTermsSet(poolId, d.appealPeriod, d.votePeriod, d.committeeSize, d.bond, d.arbiter);
+    }
+
+    /// @notice Names `validator` as one of the pool's validators: it may invalidate the pool's work and
+    /// sit on its dispute committees. Only the owner.
+    function addValidator(uint256 poolId, address validator) external {
+        _owned(poolId);
+        if (validator == address(0)) revert ZeroAddress();
+        if (_validatorSlot[poolId][validator] != 0) revert AlreadyValidator(poolId, validator);
+        address[] storage vs = _validators[poolId];
+        if (vs.length >= MAX_POOL_VALIDATORS) revert TooManyValidators(poolId, MAX_POOL_VALIDATORS);
+        vs.push(validator);
+        _validatorSlot[poolId][validator] = vs.length;
+        validatorEpoch[poolId] += 1;
+        emit ValidatorAdded(poolId, validator);
+    }
+
+    /// @notice Removes one of the pool's validators. Only the owner.
+    function removeValidator(uint256 poolId, address validator) external {
+        _owned(poolId);
+        uint256 slot = _validatorSlot[poolId][validator];
+        if (slot == 0) revert NotPoolValidator(poolId, validator);
+        address[] storage vs = _validators[poolId];
+        address last = vs[vs.length - 1];
+        vs[slot - 1] = last;
+        _validatorSlot[poolId][last] = slot;
+        vs.pop();
+        delete _validatorSlot[poolId][validator];
+        validatorEpoch[poolId] += 1;
+        emit ValidatorRemoved(poolId, validator);
+    }
+
+    /// @notice The owner replaces the pool's coordinator key (a leaked or lost key must not end the
+    /// pool). Invites signed by the old key stop working at once.
+    function rotateCoordinator(uint256 poolId, address coordinator) external {
+        Pool storage p = _owned(poolId);
+        if (coordinator == address(0)) revert ZeroAddress();
+        address previous = p.coordinator;
+        p.coordinator = coordinator;
+        emit CoordinatorRotated(poolId, previous, coordinator);
     }
 
     /// @notice Opens a created pool for joins and work.
@@ -264,6 +359,21 @@ contract PoolManager is IPoolMembership, EIP712 {
     /// @inheritdoc IPoolMembership
     function stakeFloor(address provider) external view returns (uint256) {
         return _floors[provider].stake;
+    }
+
+    /// @notice Whether `validator` is one of the pool's validators.
+    function isPoolValidator(uint256 poolId, address validator) external view returns (bool) {
+        return _validatorSlot[poolId][validator] != 0;
+    }
+
+    /// @notice The pool's validators (at most `MAX_POOL_VALIDATORS`).
+    function validatorsOf(uint256 poolId) external view returns (address[] memory) {
+        return _validators[poolId];
+    }
+
+    /// @notice How the pool settles disputes.
+    function disputeTerms(uint256 poolId) external view returns (DisputeTerms memory) {
+        return _disputeTerms[poolId];
     }
 
     /// @notice A node's membership (pool id 0 when none) and when it joined.

@@ -15,17 +15,17 @@ import {IStakeLock} from "./interfaces/IStakeLock.sol";
 /// Unstaked tokens wait out an unbonding period before they can be withdrawn, and slashing takes
 /// unbonding tokens first, so leaving does not escape a pending penalty. For every provider
 /// `deposited == staked + unbonding + withdrawn + slashed` holds at all times.
-/// Validators hold `VALIDATOR_ROLE`; the work ledger holds `SLASHER_ROLE`.
+/// The work ledger holds `SLASHER_ROLE`. (Validators are named per pool, by its owner, in the pool manager.)
 contract ProviderRegistry is AccessControl, EIP712 {
     using SafeERC20 for IERC20;
 
-    /// @notice May invalidate recorded work in any pool.
-    bytes32 public constant VALIDATOR_ROLE = keccak256("VALIDATOR_ROLE");
     /// @notice May slash stake (granted to the work ledger).
     bytes32 public constant SLASHER_ROLE = keccak256("SLASHER_ROLE");
     /// @notice EIP-712 type signed by a node key to bind the node to a provider on one chain and registry.
+    /// The nonce (`bindingNonce`, bumped by every binding) makes each signature good for one binding:
+    /// a provider that once held a node cannot bind it again with the old signature.
     bytes32 public constant NODE_BINDING_TYPEHASH =
-        keccak256("NodeBinding(address provider,address node,uint256 chainId,address registry)");
+        keccak256("NodeBinding(address provider,address node,uint256 nonce,uint256 chainId,address registry)");
     /// @notice Upper bound for the validator bounty share, in basis points.
     uint16 public constant MAX_BOUNTY_BPS = 5_000;
 
@@ -74,6 +74,8 @@ contract ProviderRegistry is AccessControl, EIP712 {
 
     mapping(address => Provider) private _providers;
     mapping(address => Node) private _nodes;
+    /// @notice Bindings made so far per node key: the nonce its next binding signature must carry.
+    mapping(address => uint256) public bindingNonce;
 
     event ProviderRegistered(address indexed provider, uint256 stake);
     event Staked(address indexed provider, uint256 amount, uint256 staked);
@@ -223,6 +225,7 @@ contract ProviderRegistry is AccessControl, EIP712 {
         if (current != address(0)) revert NodeAlreadyRegistered(node, current);
         address signer = ECDSA.recover(nodeBindingDigest(msg.sender, node), signature);
         if (signer != node) revert BadNodeSignature(node, signer);
+        bindingNonce[node] += 1;
         uint256 need = (uint256(p.computeUnits) + computeUnits) * stakePerComputeUnit;
         if (p.staked < need) revert StakeTooLow(p.staked, need);
         p.computeUnits += computeUnits;
@@ -334,10 +337,10 @@ contract ProviderRegistry is AccessControl, EIP712 {
 
     // ------------------------------------------------------------------ views
 
-    /// @notice The EIP-712 digest a node key signs to bind itself to `provider`.
+    /// @notice The EIP-712 digest a node key signs to bind itself to `provider` (with its current nonce).
     function nodeBindingDigest(address provider, address node) public view returns (bytes32) {
         return _hashTypedDataV4(
-            keccak256(abi.encode(NODE_BINDING_TYPEHASH, provider, node, block.chainid, address(this)))
+            keccak256(abi.encode(NODE_BINDING_TYPEHASH, provider, node, bindingNonce[node], block.chainid, address(this)))
         );
     }
 
@@ -366,11 +369,6 @@ contract ProviderRegistry is AccessControl, EIP712 {
     function requiredStake(address provider) public view returns (uint256 need) {
         need = uint256(_providers[provider].computeUnits) * stakePerComputeUnit;
         if (address(poolManager) != address(0)) need = _max(need, poolManager.stakeFloor(provider));
-    }
-
-    /// @notice Whether `account` holds the validator role.
-    function isValidator(address account) external view returns (bool) {
-        return hasRole(VALIDATOR_ROLE, account);
     }
 
     /// @notice The EIP-712 domain separator of this registry.

@@ -30,7 +30,41 @@ contract WorkLedger is IStakeLock {
         None,
         Pending,
         Invalidated,
-        Claimed
+        Claimed,
+        Disputed
+    }
+
+    /// @notice What a dispute is about: a validator's hard invalidation waiting out its appeal period,
+    /// an appeal of one, or an open challenge by a staked provider.
+    enum DisputeKind {
+        None,
+        Accusation,
+        Appeal,
+        Challenge
+    }
+
+    /// @notice How a dispute ended: still open, the invalidation stands (slash), it was overturned
+    /// (the record is pending again), or the vote lapsed without a majority (no slash, bonds back).
+    enum Verdict {
+        Open,
+        Upheld,
+        Overturned,
+        Lapsed
+    }
+
+    /// @notice One dispute per record (a record is disputed at most once), two slots.
+    struct Dispute {
+        address accuser;
+        uint40 appealEnd;
+        DisputeKind kind;
+        Verdict verdict;
+        uint40 voteEnd;
+        uint64 drawBlock;
+        uint64 epoch;
+        uint8 size;
+        uint8 upheld;
+        uint8 overturned;
+        bool drawn;
     }
 
     /// @notice One work record, packed in one slot.
@@ -70,6 +104,12 @@ contract WorkLedger is IStakeLock {
     mapping(bytes32 => Record) private _records;
     mapping(uint256 => PoolAccount) private _accounts;
     mapping(address => uint64) private _lockedUntil;
+    mapping(bytes32 => Dispute) private _disputes;
+    /// @dev Per record key: 1 drawn for its committee, 2 has voted.
+    mapping(bytes32 => mapping(address => uint8)) private _jurors;
+
+    /// @notice Bonds held for open disputes (the ledger's balance is the budgets plus this).
+    uint256 public bondsHeld;
 
     event WorkRecorded(
         uint256 indexed poolId,
@@ -91,6 +131,42 @@ contract WorkLedger is IStakeLock {
         uint256 slashed,
         uint256 bounty
     );
+    event WorkAccused(
+        uint256 indexed poolId,
+        bytes32 indexed workKey,
+        address indexed accuser,
+        address provider,
+        bytes32 evidenceHash,
+        uint40 appealEnd,
+        uint256 bond
+    );
+    event WorkSoftInvalidated(
+        uint256 indexed poolId, bytes32 indexed workKey, address indexed validator, address provider, uint48 units,
+        bytes32 evidenceHash
+    );
+    event WorkAppealed(uint256 indexed poolId, bytes32 indexed workKey, address indexed provider, uint40 voteEnd, uint256 bond);
+    event WorkChallenged(
+        uint256 indexed poolId,
+        bytes32 indexed workKey,
+        address indexed challenger,
+        address provider,
+        bytes32 evidenceHash,
+        uint40 voteEnd,
+        uint256 bond
+    );
+    event CommitteeDrawn(uint256 indexed poolId, bytes32 indexed workKey, address[] members);
+    event CommitteeRedraw(uint256 indexed poolId, bytes32 indexed workKey, uint64 drawBlock);
+    event Voted(uint256 indexed poolId, bytes32 indexed workKey, address indexed voter, bool uphold);
+    event DisputeResolved(
+        uint256 indexed poolId,
+        bytes32 indexed workKey,
+        Verdict verdict,
+        DisputeKind kind,
+        address accuser,
+        address provider,
+        address bondsTo,
+        uint256 bonds
+    );
     event WorkClaimed(
         uint256 indexed poolId, bytes32 indexed workKey, address indexed provider, uint48 units, uint256 reward
     );
@@ -108,9 +184,19 @@ contract WorkLedger is IStakeLock {
     error NotMember(uint256 poolId, address node);
     error DuplicateWork(uint256 poolId, bytes32 workKey);
     error UnknownWork(uint256 poolId, bytes32 workKey);
-    error NotValidator(address caller);
+    error NotValidator(uint256 poolId, address caller);
+    error AlreadyDisputed(bytes32 workKey);
+    error NotDisputed(bytes32 workKey, DisputeKind kind);
+    error AppealPeriodOver(bytes32 workKey, uint40 appealEnd);
+    error AppealPeriodNotOver(bytes32 workKey, uint40 appealEnd);
+    error VotePeriodOver(bytes32 workKey, uint40 voteEnd);
+    error VotePeriodNotOver(bytes32 workKey, uint40 voteEnd);
+    error NotJuror(bytes32 workKey, address caller);
+    error NotChallenger(address caller);
+    error OwnWork(bytes32 workKey);
     error AlreadySettled(bytes32 workKey, RecordStatus status);
     error DeadlinePassed(bytes32 workKey, uint40 deadline, uint64 nowTime);
+    error NotRecordProvider(bytes32 workKey, address provider, address caller);
     error InsufficientPoolFunds(uint256 poolId, uint256 budget, uint256 need);
     error StakeBelowMinimum(uint256 poolId, address node, uint256 stake, uint256 need);
     error NothingToClaim(uint256 poolId);
@@ -179,27 +265,181 @@ contract WorkLedger is IStakeLock {
 
     // ------------------------------------------------------------------ validator
 
-    /// @notice Invalidates a record strictly before its deadline: revokes its units and slashes the
-    /// provider by the pool's slash amount (the caller gets the registry's bounded bounty).
+    /// @notice One of the pool's validators invalidates a record strictly before its deadline.
+    /// Soft (`hard` false): the units are revoked at once, nobody is slashed (data that was never
+    /// served, failures the pool treats as soft). Hard: an accusation, not yet a slash: the validator
+    /// puts up the pool's bond, and the provider has the appeal period to appeal (`appeal`). Unappealed,
+    /// anyone makes it final after that period (`finalizeInvalidation`): the provider is slashed by the
+    /// pool's slash amount, the validator gets its bond back and the registry's bounded bounty.
     /// @param poolId The pool.
     /// @param workKey The record's work key.
     /// @param evidenceHash Content hash of the evidence (published off chain).
-    function invalidateWork(uint256 poolId, bytes32 workKey, bytes32 evidenceHash) external {
-        if (!registry.isValidator(msg.sender)) revert NotValidator(msg.sender);
-        Record storage r = _records[_key(poolId, workKey)];
-        RecordStatus s = r.status;
-        if (s == RecordStatus.None) revert UnknownWork(poolId, workKey);
-        if (s != RecordStatus.Pending) revert AlreadySettled(workKey, s);
-        if (block.timestamp >= r.deadline) revert DeadlinePassed(workKey, r.deadline, uint64(block.timestamp));
-        r.status = RecordStatus.Invalidated;
-        uint48 units = r.units;
+    /// @param hard Whether the provider is accused (slash after the appeal period) or not.
+    function invalidateWork(uint256 poolId, bytes32 workKey, bytes32 evidenceHash, bool hard) external {
+        if (!pools.isPoolValidator(poolId, msg.sender)) revert NotValidator(poolId, msg.sender);
+        bytes32 rk = _key(poolId, workKey);
+        Record storage r = _open(poolId, rk, workKey);
         address provider = r.provider;
-        PoolAccount storage a = _accounts[poolId];
-        a.pendingUnits -= units;
-        a.invalidatedUnits += units;
-        PoolManager.PoolTerms memory t = pools.poolTerms(poolId);
-        (uint256 slashed, uint256 bounty) = registry.slash(provider, t.slashAmount, msg.sender, workKey);
-        emit WorkInvalidated(poolId, workKey, msg.sender, provider, units, evidenceHash, slashed, bounty);
+        if (!hard) {
+            r.status = RecordStatus.Invalidated;
+            uint48 units = r.units;
+            PoolAccount storage a = _accounts[poolId];
+            a.pendingUnits -= units;
+            a.invalidatedUnits += units;
+            emit WorkSoftInvalidated(poolId, workKey, msg.sender, provider, units, evidenceHash);
+            return;
+        }
+        PoolManager.DisputeTerms memory d = pools.disputeTerms(poolId);
+        r.status = RecordStatus.Disputed;
+        uint40 appealEnd = _at(block.timestamp + d.appealPeriod);
+        _disputes[rk] = Dispute({
+            accuser: msg.sender,
+            appealEnd: appealEnd,
+            kind: DisputeKind.Accusation,
+            verdict: Verdict.Open,
+            voteEnd: 0,
+            drawBlock: 0,
+            epoch: 0,
+            size: 0,
+            upheld: 0,
+            overturned: 0,
+            drawn: false
+        });
+        // The stake stays until an appeal filed at the last moment has been decided.
+        _lock(provider, _at(uint256(appealEnd) + d.votePeriod));
+        _takeBond(d.bond);
+        emit WorkAccused(poolId, workKey, msg.sender, provider, evidenceHash, appealEnd, d.bond);
+    }
+
+    /// @notice Makes an unappealed hard invalidation final once its appeal period is over. Anyone.
+    function finalizeInvalidation(uint256 poolId, bytes32 workKey) external {
+        bytes32 rk = _key(poolId, workKey);
+        Dispute storage x = _disputes[rk];
+        if (x.kind != DisputeKind.Accusation || x.verdict != Verdict.Open) revert NotDisputed(workKey, x.kind);
+        if (block.timestamp < x.appealEnd) revert AppealPeriodNotOver(workKey, x.appealEnd);
+        _resolve(poolId, workKey, rk, x, Verdict.Upheld);
+    }
+
+    /// @notice The record's provider appeals a hard invalidation before its appeal period ends, with
+    /// the pool's bond. A committee of the pool's validators (or the pool's arbiter) decides within
+    /// the vote period; the record is neither claimable nor invalidated meanwhile.
+    function appeal(uint256 poolId, bytes32 workKey) external {
+        bytes32 rk = _key(poolId, workKey);
+        Dispute storage x = _disputes[rk];
+        if (x.kind != DisputeKind.Accusation || x.verdict != Verdict.Open) revert NotDisputed(workKey, x.kind);
+        address provider = _records[rk].provider;
+        if (msg.sender != provider) revert NotRecordProvider(workKey, provider, msg.sender);
+        if (block.timestamp >= x.appealEnd) revert AppealPeriodOver(workKey, x.appealEnd);
+        PoolManager.DisputeTerms memory d = pools.disputeTerms(poolId);
+        x.kind = DisputeKind.Appeal;
+        _openVote(poolId, x, d);
+        _takeBond(d.bond);
+        emit WorkAppealed(poolId, workKey, msg.sender, x.voteEnd, d.bond);
+    }
+
+    /// @notice Any staked provider other than the record's own challenges a record before its
+    /// deadline, with the pool's bond and an evidence hash. A committee of the pool's validators (or
+    /// the pool's arbiter) decides: upheld, the record is invalidated, its provider slashed and the
+    /// challenger paid the bounty; overturned, the challenger's bond goes to the record's provider.
+    function challenge(uint256 poolId, bytes32 workKey, bytes32 evidenceHash) external {
+        if (registry.stakeOf(msg.sender) == 0) revert NotChallenger(msg.sender);
+        bytes32 rk = _key(poolId, workKey);
+        Record storage r = _open(poolId, rk, workKey);
+        address provider = r.provider;
+        if (msg.sender == provider) revert OwnWork(workKey);
+        PoolManager.DisputeTerms memory d = pools.disputeTerms(poolId);
+        r.status = RecordStatus.Disputed;
+        Dispute storage x = _disputes[rk];
+        x.accuser = msg.sender;
+        x.kind = DisputeKind.Challenge;
+        _openVote(poolId, x, d);
+        _lock(provider, x.voteEnd);
+        _takeBond(d.bond);
+        emit WorkChallenged(poolId, workKey, msg.sender, provider, evidenceHash, x.voteEnd, d.bond);
+    }
+
+    /// @notice Draws the committee of an appeal or a challenge from the pool's validators, seeded by the
+    /// hash of a block mined after the dispute opened (nobody could know it then). If that block is too
+    /// old for its hash, or the pool's validator set changed since, a later block is committed to
+    /// instead. Anyone; `vote` also draws when needed.
+    function drawCommittee(uint256 poolId, bytes32 workKey) public {
+        bytes32 rk = _key(poolId, workKey);
+        Dispute storage x = _disputes[rk];
+        if ((x.kind != DisputeKind.Appeal && x.kind != DisputeKind.Challenge) || x.verdict != Verdict.Open) {
+            revert NotDisputed(workKey, x.kind);
+        }
+        if (x.drawn) return;
+        if (block.number <= x.drawBlock) return; // its hash is not known yet
+        bytes32 h = blockhash(x.drawBlock);
+        uint64 epoch = pools.validatorEpoch(poolId);
+        if (h == bytes32(0) || epoch != x.epoch) {
+            x.drawBlock = uint64(block.number);
+            x.epoch = epoch;
+            emit CommitteeRedraw(poolId, workKey, x.drawBlock);
+            return;
+        }
+        address[] memory vs = pools.validatorsOf(poolId);
+        address provider = _records[rk].provider;
+        // Candidates: every pool validator except the two parties.
+        uint256 n;
+        for (uint256 i; i < vs.length; ++i) {
+            if (vs[i] != x.accuser && vs[i] != provider) vs[n++] = vs[i];
+        }
+        uint256 k = pools.disputeTerms(poolId).committeeSize;
+        if (k > n) k = n;
+        address[] memory members = new address[](k);
+        uint256 seed = uint256(keccak256(abi.encode(h, rk)));
+        for (uint256 i; i < k; ++i) {
+            // Partial Fisher-Yates: pick from the candidates not yet picked.
+            uint256 j = i + uint256(keccak256(abi.encode(seed, i))) % (n - i);
+            (vs[i], vs[j]) = (vs[j], vs[i]);
+            members[i] = vs[i];
+            _jurors[rk][vs[i]] = 1;
+        }
+        x.size = uint8(k);
+        x.drawn = true;
+        emit CommitteeDrawn(poolId, workKey, members);
+    }
+
+    /// @notice A committee member (or the pool's arbiter) votes on an appeal or a challenge before the
+    /// vote period ends: `uphold` keeps the invalidation (slash), otherwise it is overturned. A majority
+    /// of the committee decides at once; the arbiter's vote decides alone.
+    function vote(uint256 poolId, bytes32 workKey, bool uphold) external {
+        bytes32 rk = _key(poolId, workKey);
+        Dispute storage x = _disputes[rk];
+        if ((x.kind != DisputeKind.Appeal && x.kind != DisputeKind.Challenge) || x.verdict != Verdict.Open) {
+            revert NotDisputed(workKey, x.kind);
+        }
+        if (block.timestamp >= x.voteEnd) revert VotePeriodOver(workKey, x.voteEnd);
+        address arbiter = pools.disputeTerms(poolId).arbiter;
+        if (arbiter != address(0)) {
+            if (msg.sender != arbiter) revert NotJuror(workKey, msg.sender);
+            emit Voted(poolId, workKey, msg.sender, uphold);
+            _resolve(poolId, workKey, rk, x, uphold ? Verdict.Upheld : Verdict.Overturned);
+            return;
+        }
+        drawCommittee(poolId, workKey);
+        if (_jurors[rk][msg.sender] != 1) revert NotJuror(workKey, msg.sender);
+        _jurors[rk][msg.sender] = 2;
+        emit Voted(poolId, workKey, msg.sender, uphold);
+        uint256 half = uint256(x.size) / 2;
+        if (uphold) {
+            if (++x.upheld > half) _resolve(poolId, workKey, rk, x, Verdict.Upheld);
+        } else {
+            if (++x.overturned > half) _resolve(poolId, workKey, rk, x, Verdict.Overturned);
+        }
+    }
+
+    /// @notice Closes an appeal or a challenge whose vote period ended without a majority: no slash,
+    /// every bond back, the record pending again. Anyone.
+    function resolveLapsed(uint256 poolId, bytes32 workKey) external {
+        bytes32 rk = _key(poolId, workKey);
+        Dispute storage x = _disputes[rk];
+        if ((x.kind != DisputeKind.Appeal && x.kind != DisputeKind.Challenge) || x.verdict != Verdict.Open) {
+            revert NotDisputed(workKey, x.kind);
+        }
+        if (block.timestamp < x.voteEnd) revert VotePeriodNotOver(workKey, x.voteEnd);
+        _resolve(poolId, workKey, rk, x, Verdict.Lapsed);
     }
 
     // ------------------------------------------------------------------ provider
@@ -281,6 +521,17 @@ contract WorkLedger is IStakeLock {
         return r.status == RecordStatus.Pending && block.timestamp >= r.deadline;
     }
 
+    /// @notice A record's dispute (kind None when it has none).
+    function getDispute(uint256 poolId, bytes32 workKey) external view returns (Dispute memory) {
+        return _disputes[_key(poolId, workKey)];
+    }
+
+    /// @notice Whether `who` sits on the committee of the record's dispute (drawn, not yet voted: 1;
+    /// voted: 2; else 0).
+    function jurorState(uint256 poolId, bytes32 workKey, address who) external view returns (uint8) {
+        return _jurors[_key(poolId, workKey)][who];
+    }
+
     /// @inheritdoc IStakeLock
     function lockedUntil(address provider) external view returns (uint64) {
         return _lockedUntil[provider];
@@ -307,6 +558,82 @@ contract WorkLedger is IStakeLock {
         PoolAccount storage a = _accounts[poolId];
         uint256 owed = uint256(a.pendingUnits) * pools.poolTerms(poolId).rewardRate;
         return a.budget > owed ? a.budget - owed : 0;
+    }
+
+    /// @dev The record `rk` if it can still be invalidated or challenged: pending, before its deadline,
+    /// never disputed.
+    function _open(uint256 poolId, bytes32 rk, bytes32 workKey) private view returns (Record storage r) {
+        r = _records[rk];
+        RecordStatus s = r.status;
+        if (s == RecordStatus.None) revert UnknownWork(poolId, workKey);
+        if (s != RecordStatus.Pending) revert AlreadySettled(workKey, s);
+        if (block.timestamp >= r.deadline) revert DeadlinePassed(workKey, r.deadline, uint64(block.timestamp));
+        if (_disputes[rk].kind != DisputeKind.None) revert AlreadyDisputed(workKey);
+    }
+
+    /// @dev Opens the vote of an appeal or a challenge: its period, and the future block whose hash
+    /// will seed the committee (with the validator set it is drawn from).
+    function _openVote(uint256 poolId, Dispute storage x, PoolManager.DisputeTerms memory d) private {
+        x.voteEnd = _at(block.timestamp + d.votePeriod);
+        x.drawBlock = uint64(block.number);
+        x.epoch = pools.validatorEpoch(poolId);
+    }
+
+    /// @dev Ends a dispute: moves the record, the units, the stake and the bonds.
+    function _resolve(uint256 poolId, bytes32 workKey, bytes32 rk, Dispute storage x, Verdict v) private {
+        x.verdict = v;
+        Record storage r = _records[rk];
+        address provider = r.provider;
+        address accuser = x.accuser;
+        uint256 bond = pools.disputeTerms(poolId).bond;
+        // Bonds put up: the accuser's always, the provider's when it appealed.
+        uint256 held = x.kind == DisputeKind.Appeal ? 2 * bond : bond;
+        bondsHeld -= held;
+        address bondsTo;
+        if (v == Verdict.Upheld) {
+            bondsTo = accuser;
+            _uphold(poolId, workKey, r, accuser, held);
+        } else if (v == Verdict.Overturned) {
+            r.status = RecordStatus.Pending;
+            bondsTo = provider;
+            if (held != 0) token.safeTransfer(provider, held);
+        } else {
+            r.status = RecordStatus.Pending;
+            if (bond != 0) {
+                token.safeTransfer(accuser, bond);
+                if (x.kind == DisputeKind.Appeal) token.safeTransfer(provider, bond);
+            }
+        }
+        emit DisputeResolved(poolId, workKey, v, x.kind, accuser, provider, bondsTo, held);
+    }
+
+    /// @dev The invalidation stands: units revoked, bonds to the accuser, the provider slashed (the
+    /// accuser gets the registry's bounty).
+    function _uphold(uint256 poolId, bytes32 workKey, Record storage r, address accuser, uint256 held) private {
+        r.status = RecordStatus.Invalidated;
+        uint48 units = r.units;
+        PoolAccount storage a = _accounts[poolId];
+        a.pendingUnits -= units;
+        a.invalidatedUnits += units;
+        if (held != 0) token.safeTransfer(accuser, held);
+        address provider = r.provider;
+        (uint256 slashed, uint256 bounty) = registry.slash(provider, pools.poolTerms(poolId).slashAmount, accuser, workKey);
+        emit WorkInvalidated(poolId, workKey, accuser, provider, units, bytes32(0), slashed, bounty);
+    }
+
+    function _takeBond(uint256 bond) private {
+        if (bond == 0) return;
+        bondsHeld += bond;
+        token.safeTransferFrom(msg.sender, address(this), bond);
+    }
+
+    function _lock(address provider, uint40 until) private {
+        if (_lockedUntil[provider] < until) _lockedUntil[provider] = until;
+    }
+
+    /// @dev A time as uint40, saturating (never wrapping into the past).
+    function _at(uint256 t) private pure returns (uint40) {
+        return t > type(uint40).max ? type(uint40).max : uint40(t);
     }
 
     /// @dev Checks and writes one record as a single packed SSTORE, then emits its event.

@@ -202,7 +202,7 @@ contract FuzzTest is Fixture {
                     abi.encodeWithSelector(WorkLedger.AlreadySettled.selector, k, WorkLedger.RecordStatus.Claimed)
                 );
                 vm.prank(VALIDATOR);
-                ledger.invalidateWork(poolId, k, bytes32(0));
+                ledger.invalidateWork(poolId, k, bytes32(0), true);
             } else {
                 invalidated = _tryInvalidate(poolId, k, deadline, nowTs, open);
             }
@@ -225,10 +225,18 @@ contract FuzzTest is Fixture {
             );
         }
         vm.prank(VALIDATOR);
-        ledger.invalidateWork(poolId, k, bytes32(0));
-        bool ok = ledger.getRecord(poolId, k).status == WorkLedger.RecordStatus.Invalidated;
+        ledger.invalidateWork(poolId, k, bytes32(0), true);
+        bool ok = ledger.getRecord(poolId, k).status == WorkLedger.RecordStatus.Disputed;
         assertEq(ok, open);
-        if (ok) assertEq(registry.getProvider(ALICE).slashed, SLASH);
+        if (ok) {
+            // Final once the appeal period is over (and only then is the provider slashed).
+            assertEq(registry.getProvider(ALICE).slashed, 0);
+            uint256 t = block.timestamp;
+            vm.warp(ledger.getDispute(poolId, k).appealEnd);
+            ledger.finalizeInvalidation(poolId, k);
+            vm.warp(t);
+            assertEq(registry.getProvider(ALICE).slashed, SLASH);
+        }
         return ok;
     }
 

@@ -138,8 +138,61 @@ contract GasScalingTest is GasBase {
         _invalidate(large, largeKeys[0]);
         uint256 gs = _gasInvalidate(small, smallKeys[1]);
         uint256 gl = _gasInvalidate(large, largeKeys[1]);
-        assertTrue(ledger.getRecord(large, largeKeys[1]).status == WorkLedger.RecordStatus.Invalidated);
+        assertTrue(ledger.getRecord(large, largeKeys[1]).status == WorkLedger.RecordStatus.Disputed);
         _assertSameGas(gs, gl, "invalidateWork");
+    }
+
+    /// @dev appeal, drawCommittee, vote, challenge and finalizeInvalidation cost the same with 10 or
+    /// 1,000 records in the pool.
+    function test_gas_disputes_sameWith10Or1000Records() public {
+        _disputeGas(small, ALICE, BOB, smallKeys[0], smallKeys[1], smallKeys[2]); // warm-up
+        _disputeGas(large, BOB, ALICE, largeKeys[0], largeKeys[1], largeKeys[2]);
+        uint256[5] memory gs = _disputeGas(small, ALICE, BOB, smallKeys[3], smallKeys[4], smallKeys[5]);
+        uint256[5] memory gl = _disputeGas(large, BOB, ALICE, largeKeys[3], largeKeys[4], largeKeys[5]);
+        string[5] memory names = ["appeal", "drawCommittee", "vote", "challenge", "finalizeInvalidation"];
+        for (uint256 i; i < 5; ++i) {
+            _assertSameGas(gs[i], gl[i], names[i]);
+        }
+    }
+
+    /// @dev Gas of: the provider's appeal of k1, the committee draw, a juror's vote, `challenger`'s
+    /// challenge of k2, and finalizing an unappealed invalidation of k3 (with its slash).
+    function _disputeGas(
+        uint256 poolId,
+        address provider,
+        address challenger,
+        bytes32 k1,
+        bytes32 k2,
+        bytes32 k3
+    ) internal returns (uint256[5] memory g) {
+        WorkLedger l = ledger;
+        vm.startPrank(VALIDATOR);
+        l.invalidateWork(poolId, k1, bytes32(0), true);
+        l.invalidateWork(poolId, k3, bytes32(0), true);
+        vm.stopPrank();
+        vm.prank(provider);
+        uint256 g0 = gasleft();
+        l.appeal(poolId, k1);
+        g[0] = g0 - gasleft();
+        vm.roll(block.number + 1);
+        g0 = gasleft();
+        l.drawCommittee(poolId, k1);
+        g[1] = g0 - gasleft();
+        address juror = l.jurorState(poolId, k1, JUROR1) == 1 ? JUROR1 : JUROR2;
+        vm.prank(juror);
+        g0 = gasleft();
+        l.vote(poolId, k1, true);
+        g[2] = g0 - gasleft();
+        vm.prank(challenger);
+        g0 = gasleft();
+        l.challenge(poolId, k2, bytes32(0));
+        g[3] = g0 - gasleft();
+        uint256 t = block.timestamp;
+        vm.warp(t + 1 days);
+        g0 = gasleft();
+        l.finalizeInvalidation(poolId, k3);
+        g[4] = g0 - gasleft();
+        vm.warp(t);
     }
 
     function test_gas_claim_sameWith10Or1000Records() public {
@@ -203,7 +256,7 @@ contract GasScalingTest is GasBase {
         WorkLedger l = ledger;
         vm.prank(VALIDATOR);
         uint256 g = gasleft();
-        l.invalidateWork(poolId, key, bytes32(uint256(1)));
+        l.invalidateWork(poolId, key, bytes32(uint256(1)), true);
         used = g - gasleft();
     }
 

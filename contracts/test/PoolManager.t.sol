@@ -74,10 +74,19 @@ contract PoolManagerTest is Fixture {
         p.validationWindow = 0;
         p.bootstrap = "";
         vm.recordLogs();
-        uint256 id = _createPool(p);
+        vm.prank(POOL_OWNER);
+        uint256 id = pools.createPool(p);
         Vm.Log[] memory logs = vm.getRecordedLogs();
-        assertEq(logs.length, 1);
+        assertEq(logs.length, 2);
         assertEq(logs[0].topics[0], PoolManager.PoolCreated.selector);
+        // The default dispute terms: one day to appeal, one to vote, committees of three, bond = slash.
+        assertEq(logs[1].topics[0], PoolManager.DisputeTermsSet.selector);
+        PoolManager.DisputeTerms memory d = pools.disputeTerms(id);
+        assertEq(uint256(d.appealPeriod), 1 days);
+        assertEq(uint256(d.votePeriod), 1 days);
+        assertEq(uint256(d.committeeSize), 3);
+        assertEq(uint256(d.bond), uint256(SLASH));
+        assertEq(d.arbiter, address(0));
         assertEq(uint256(pools.getPool(id).validationWindow), 24 hours);
         assertEq(uint256(pools.poolTerms(id).validationWindow), 24 hours);
     }

@@ -37,11 +37,10 @@ contract ProviderRegistryTest is Fixture {
         assertEq(registry.totalStaked(), 0);
         assertEq(registry.totalUnbonding(), 0);
         assertTrue(registry.hasRole(registry.DEFAULT_ADMIN_ROLE(), ADMIN));
-        assertEq(registry.VALIDATOR_ROLE(), keccak256("VALIDATOR_ROLE"));
         assertEq(registry.SLASHER_ROLE(), keccak256("SLASHER_ROLE"));
         assertEq(
             registry.NODE_BINDING_TYPEHASH(),
-            keccak256("NodeBinding(address provider,address node,uint256 chainId,address registry)")
+            keccak256("NodeBinding(address provider,address node,uint256 nonce,uint256 chainId,address registry)")
         );
     }
 
@@ -449,6 +448,27 @@ contract ProviderRegistryTest is Fixture {
         assertEq(registry.providerOf(node), BOB);
     }
 
+    /// @dev Attack: a provider keeps the node's old binding signature and, after the node left it,
+    /// binds the node again without the node key's consent. The nonce makes each signature single-use.
+    function test_addNode_oldBindingSignatureCannotBeReplayed() public {
+        _registerProvider(ALICE, 100e18);
+        address node = vm.addr(NODE1_PK);
+        bytes memory sig = _nodeSig(NODE1_PK, ALICE);
+        assertEq(registry.bindingNonce(node), 0);
+        vm.prank(ALICE);
+        registry.addNode(node, 1, sig);
+        assertEq(registry.bindingNonce(node), 1);
+        vm.prank(ALICE);
+        registry.removeNode(node);
+        address signer = _recover(registry.nodeBindingDigest(ALICE, node), sig);
+        vm.expectRevert(abi.encodeWithSelector(ProviderRegistry.BadNodeSignature.selector, node, signer));
+        vm.prank(ALICE);
+        registry.addNode(node, 1, sig);
+        bytes memory fresh = _nodeSig(NODE1_PK, ALICE);
+        vm.prank(ALICE);
+        registry.addNode(node, 1, fresh); // a fresh signature works
+    }
+
     function test_removeNode_revertsForUnknownNode() public {
         address node = vm.addr(NODE1_PK);
         vm.expectRevert(abi.encodeWithSelector(ProviderRegistry.UnknownNode.selector, node));
@@ -670,43 +690,30 @@ contract ProviderRegistryTest is Fixture {
         registry.setParameters(UNBONDING, STAKE_PER_CU, MIN_STAKE, 1_000, 0);
     }
 
+    /// @dev The registry has one role besides its admin: the slasher (the work ledger). Who validates
+    /// is each pool owner's choice, in the pool manager.
     function test_roles_grantRevokeRenounce() public {
-        assertTrue(registry.isValidator(VALIDATOR));
-        assertFalse(registry.isValidator(ALICE));
-        assertEq(registry.getRoleAdmin(VALIDATOR_ROLE), bytes32(0));
-        assertTrue(registry.hasRole(SLASHER_ROLE, address(ledger)));
-
+        bytes32 role = SLASHER_ROLE;
+        assertTrue(registry.hasRole(role, address(ledger)));
+        assertEq(registry.getRoleAdmin(role), bytes32(0));
         vm.expectRevert(abi.encodeWithSelector(IAccessControl.AccessControlUnauthorizedAccount.selector, ALICE, bytes32(0)));
         vm.prank(ALICE);
-        registry.grantRole(VALIDATOR_ROLE, ALICE);
-
-        vm.prank(ADMIN);
-        registry.grantRole(VALIDATOR_ROLE, ALICE);
-        assertTrue(registry.isValidator(ALICE));
-        vm.prank(ADMIN);
-        registry.revokeRole(VALIDATOR_ROLE, ALICE);
-        assertFalse(registry.isValidator(ALICE));
-        vm.prank(VALIDATOR);
-        registry.renounceRole(VALIDATOR_ROLE, VALIDATOR);
-        assertFalse(registry.isValidator(VALIDATOR));
-    }
-
-    function test_roles_emitEvents() public {
+        registry.grantRole(role, ALICE);
         vm.expectEmit(true, true, true, false, address(registry));
-        emit IAccessControl.RoleGranted(VALIDATOR_ROLE, CAROL, ADMIN);
+        emit IAccessControl.RoleGranted(role, CAROL, ADMIN);
         vm.prank(ADMIN);
-        registry.grantRole(VALIDATOR_ROLE, CAROL);
+        registry.grantRole(role, CAROL);
         vm.expectEmit(true, true, true, false, address(registry));
-        emit IAccessControl.RoleRevoked(VALIDATOR_ROLE, CAROL, ADMIN);
+        emit IAccessControl.RoleRevoked(role, CAROL, ADMIN);
         vm.prank(ADMIN);
-        registry.revokeRole(VALIDATOR_ROLE, CAROL);
-    }
-
-    function test_renounceRole_revertsForAnotherAccount() public {
+        registry.revokeRole(role, CAROL);
+        assertFalse(registry.hasRole(role, CAROL));
         vm.expectRevert(IAccessControl.AccessControlBadConfirmation.selector);
         vm.prank(ALICE);
-        registry.renounceRole(VALIDATOR_ROLE, VALIDATOR);
-        assertTrue(registry.isValidator(VALIDATOR));
+        registry.renounceRole(role, address(ledger));
+        vm.prank(address(ledger));
+        registry.renounceRole(role, address(ledger));
+        assertFalse(registry.hasRole(role, address(ledger)));
     }
 
     function test_supportsInterface() public view {
@@ -738,7 +745,7 @@ contract ProviderRegistryTest is Fixture {
         assertEq(registry.domainSeparator(), domain);
         address node = vm.addr(NODE1_PK);
         bytes32 structHash = keccak256(
-            abi.encode(registry.NODE_BINDING_TYPEHASH(), ALICE, node, block.chainid, address(registry))
+            abi.encode(registry.NODE_BINDING_TYPEHASH(), ALICE, node, uint256(0), block.chainid, address(registry))
         );
         assertEq(registry.nodeBindingDigest(ALICE, node), keccak256(abi.encodePacked("\x19\x01", domain, structHash)));
     }

@@ -72,8 +72,7 @@ contract StakeBacksWorkTest is Fixture {
         address n = _addNode(BOB, NODE3_PK, 1);
         _join(harsh, BOB, NODE3_PK);
         bytes32 k = _recordOne(harsh, n, 5);
-        vm.prank(VALIDATOR);
-        ledger.invalidateWork(harsh, k, keccak256("evidence"));
+        _slashNow(harsh, k, keccak256("evidence"));
         assertEq(registry.stakeOf(BOB), 0);
         assertTrue(pools.isMember(harsh, n), "still a member");
         assertEq(ledger.recordable(harsh, n), 2);
@@ -100,8 +99,7 @@ contract StakeBacksWorkTest is Fixture {
         address n = _addNode(BOB, NODE3_PK, 1);
         _join(lax, BOB, NODE3_PK);
         bytes32 k = _recordOne(lax, n, 5);
-        vm.prank(VALIDATOR);
-        ledger.invalidateWork(lax, k, keccak256("evidence"));
+        _slashNow(lax, k, keccak256("evidence"));
         vm.expectRevert(abi.encodeWithSelector(WorkLedger.StakeBelowMinimum.selector, lax, n, 0, 1));
         _record(lax, _batch1(n, _newKey(), 5));
     }
@@ -131,8 +129,7 @@ contract StakeBacksWorkTest is Fixture {
         registry.withdraw();
 
         // The invalidation lands and takes the full slash from the unbonding tokens.
-        vm.prank(VALIDATOR);
-        ledger.invalidateWork(slow, k, keccak256("evidence"));
+        _slashNow(slow, k, keccak256("evidence"));
         assertEq(registry.getProvider(BOB).slashed, SLASH);
         // Once the deadline has passed the rest may leave.
         vm.warp(deadline);

@@ -232,8 +232,7 @@ contract WorkLedgerTest is Fixture {
         vm.prank(CAROL);
         ledger.claim(id, _keys1(k));
         // And it can still be invalidated.
-        vm.prank(VALIDATOR);
-        ledger.invalidateWork(id, k, bytes32(0));
+        _slashNow(id, k, bytes32(0));
         assertTrue(ledger.getRecord(id, k).status == WorkLedger.RecordStatus.Invalidated);
     }
 
@@ -244,13 +243,25 @@ contract WorkLedgerTest is Fixture {
         _recordOne(poolId, node3, 40);
         vm.warp(T0 + WINDOW - 1);
         bytes32 evidence = keccak256("evidence");
-        // 50e18 slashed from ALICE's 200e18 stake; bounty 10%.
+        // A hard invalidation is an accusation first: nothing is slashed during the appeal period.
+        vm.expectEmit(true, true, true, true, address(ledger));
+        emit WorkLedger.WorkAccused(poolId, k, VALIDATOR, ALICE, evidence, uint40(T0 + WINDOW - 1 + 1 days), 0);
+        vm.prank(VALIDATOR);
+        ledger.invalidateWork(poolId, k, evidence, true);
+        assertTrue(_status(k) == WorkLedger.RecordStatus.Disputed);
+        assertEq(registry.stakeOf(ALICE), 200e18);
+        vm.expectRevert(
+            abi.encodeWithSelector(WorkLedger.AppealPeriodNotOver.selector, k, uint40(T0 + WINDOW - 1 + 1 days))
+        );
+        ledger.finalizeInvalidation(poolId, k);
+        // Unappealed, anyone makes it final: 50e18 slashed from ALICE's 200e18 stake; bounty 10%.
+        vm.warp(T0 + WINDOW - 1 + 1 days);
         vm.expectEmit(true, true, true, true, address(registry));
         emit ProviderRegistry.Slashed(ALICE, VALIDATOR, k, 50e18, 0, 50e18, 5e18);
         vm.expectEmit(true, true, true, true, address(ledger));
-        emit WorkLedger.WorkInvalidated(poolId, k, VALIDATOR, ALICE, 100, evidence, 50e18, 5e18);
-        vm.prank(VALIDATOR);
-        ledger.invalidateWork(poolId, k, evidence);
+        emit WorkLedger.WorkInvalidated(poolId, k, VALIDATOR, ALICE, 100, bytes32(0), 50e18, 5e18);
+        vm.prank(STRANGER);
+        ledger.finalizeInvalidation(poolId, k);
 
         assertTrue(_status(k) == WorkLedger.RecordStatus.Invalidated);
         WorkLedger.PoolAccount memory a = ledger.poolAccount(poolId);
@@ -270,8 +281,7 @@ contract WorkLedgerTest is Fixture {
         bytes32 k = _recordOne(poolId, node1, 1);
         vm.prank(ALICE);
         registry.unstake(30e18); // ALICE: 170 staked, 30 unbonding; nodes need 20
-        vm.prank(VALIDATOR);
-        ledger.invalidateWork(poolId, k, bytes32(0));
+        _slashNow(poolId, k, bytes32(0));
         ProviderRegistry.Provider memory p = registry.getProvider(ALICE);
         assertEq(p.unbonding, 0);
         assertEq(p.staked, 150e18);
@@ -284,8 +294,7 @@ contract WorkLedgerTest is Fixture {
         pools.leavePool(poolId, node1);
         vm.prank(POOL_OWNER);
         pools.endPool(poolId);
-        vm.prank(VALIDATOR);
-        ledger.invalidateWork(poolId, k, bytes32(0));
+        _slashNow(poolId, k, bytes32(0));
         assertTrue(_status(k) == WorkLedger.RecordStatus.Invalidated);
     }
 
@@ -298,33 +307,36 @@ contract WorkLedgerTest is Fixture {
         address n = _addNode(CAROL, 0x3333, 1);
         _join(id, CAROL, 0x3333);
         bytes32 k = _recordOne(id, n, 3);
+        vm.prank(VALIDATOR);
+        ledger.invalidateWork(id, k, bytes32(0), true);
+        vm.warp(block.timestamp + 1 days);
         vm.expectEmit(true, true, true, true, address(ledger));
         emit WorkLedger.WorkInvalidated(id, k, VALIDATOR, CAROL, 3, bytes32(0), 0, 0);
-        vm.prank(VALIDATOR);
-        ledger.invalidateWork(id, k, bytes32(0));
+        ledger.finalizeInvalidation(id, k);
         assertEq(registry.stakeOf(CAROL), 100e18);
         assertEq(uint256(ledger.poolAccount(id).invalidatedUnits), 3);
     }
 
     function test_invalidateWork_revertsForNonValidator() public {
         bytes32 k = _recordOne(poolId, node1, 1);
-        vm.expectRevert(abi.encodeWithSelector(WorkLedger.NotValidator.selector, COORD));
+        vm.expectRevert(abi.encodeWithSelector(WorkLedger.NotValidator.selector, poolId, COORD));
         vm.prank(COORD);
-        ledger.invalidateWork(poolId, k, bytes32(0));
-        vm.expectRevert(abi.encodeWithSelector(WorkLedger.NotValidator.selector, ADMIN));
+        ledger.invalidateWork(poolId, k, bytes32(0), true);
+        vm.expectRevert(abi.encodeWithSelector(WorkLedger.NotValidator.selector, poolId, ADMIN));
         vm.prank(ADMIN);
-        ledger.invalidateWork(poolId, k, bytes32(0));
+        ledger.invalidateWork(poolId, k, bytes32(0), false);
     }
 
     function test_invalidateWork_revertsForUnknownWork() public {
         bytes32 k = _recordOne(poolId, node1, 1);
         vm.expectRevert(abi.encodeWithSelector(WorkLedger.UnknownWork.selector, poolId, bytes32(uint256(123))));
         vm.prank(VALIDATOR);
-        ledger.invalidateWork(poolId, bytes32(uint256(123)), bytes32(0));
+        ledger.invalidateWork(poolId, bytes32(uint256(123)), bytes32(0), true);
         // The key is known only in its own pool.
-        vm.expectRevert(abi.encodeWithSelector(WorkLedger.UnknownWork.selector, poolId + 1, k));
+        uint256 other = _createActivePool();
+        vm.expectRevert(abi.encodeWithSelector(WorkLedger.UnknownWork.selector, other, k));
         vm.prank(VALIDATOR);
-        ledger.invalidateWork(poolId + 1, k, bytes32(0));
+        ledger.invalidateWork(other, k, bytes32(0), true);
     }
 
     function test_invalidateWork_revertsWhenAlreadyInvalidated() public {
@@ -334,7 +346,7 @@ contract WorkLedgerTest is Fixture {
             abi.encodeWithSelector(WorkLedger.AlreadySettled.selector, k, WorkLedger.RecordStatus.Invalidated)
         );
         vm.prank(VALIDATOR);
-        ledger.invalidateWork(poolId, k, bytes32(0));
+        ledger.invalidateWork(poolId, k, bytes32(0), true);
         assertEq(registry.getProvider(ALICE).slashed, SLASH); // slashed once only
     }
 
@@ -344,7 +356,7 @@ contract WorkLedgerTest is Fixture {
         _claim(poolId, ALICE, k);
         vm.expectRevert(abi.encodeWithSelector(WorkLedger.AlreadySettled.selector, k, WorkLedger.RecordStatus.Claimed));
         vm.prank(VALIDATOR);
-        ledger.invalidateWork(poolId, k, bytes32(0));
+        ledger.invalidateWork(poolId, k, bytes32(0), true);
     }
 
     function test_invalidateWork_revertsAtDeadline() public {
@@ -353,27 +365,29 @@ contract WorkLedgerTest is Fixture {
         vm.warp(deadline);
         vm.expectRevert(abi.encodeWithSelector(WorkLedger.DeadlinePassed.selector, k, deadline, uint64(deadline)));
         vm.prank(VALIDATOR);
-        ledger.invalidateWork(poolId, k, bytes32(0));
+        ledger.invalidateWork(poolId, k, bytes32(0), true);
         vm.warp(uint256(deadline) + 1 days);
         vm.expectRevert(
             abi.encodeWithSelector(WorkLedger.DeadlinePassed.selector, k, deadline, uint64(deadline) + 1 days)
         );
         vm.prank(VALIDATOR);
-        ledger.invalidateWork(poolId, k, bytes32(0));
+        ledger.invalidateWork(poolId, k, bytes32(0), true);
     }
 
     function test_invalidateWork_revertsWithoutSlasherRole() public {
         bytes32 k = _recordOne(poolId, node1, 1);
         vm.prank(ADMIN);
         registry.revokeRole(SLASHER_ROLE, address(ledger));
+        vm.prank(VALIDATOR);
+        ledger.invalidateWork(poolId, k, bytes32(0), true);
+        vm.warp(block.timestamp + 1 days);
         vm.expectRevert(
             abi.encodeWithSelector(
                 IAccessControl.AccessControlUnauthorizedAccount.selector, address(ledger), SLASHER_ROLE
             )
         );
-        vm.prank(VALIDATOR);
-        ledger.invalidateWork(poolId, k, bytes32(0));
-        assertTrue(_status(k) == WorkLedger.RecordStatus.Pending);
+        ledger.finalizeInvalidation(poolId, k);
+        assertTrue(_status(k) == WorkLedger.RecordStatus.Disputed);
     }
 
     // ------------------------------------------------------------------ claim

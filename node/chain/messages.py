@@ -8,7 +8,7 @@ from typing import Any
 from .abi import DecodedError
 
 POOL_STATUS = ("none", "created", "active", "ended")
-RECORD_STATUS = ("none", "pending", "invalidated", "claimed")
+RECORD_STATUS = ("none", "pending", "invalidated", "claimed", "disputed")
 
 
 def tokens(amount: int) -> str:
@@ -118,13 +118,39 @@ def explain(err: DecodedError) -> tuple[str, str]:
             "check the pool id and work key",
         ),
         "NotValidator": (
-            f"{a.get('caller')} does not hold the validator role",
-            "governance grants it with `intellect-node validator grant`",
+            f"{a.get('caller')} is not a validator of pool {a.get('poolId')}",
+            "the pool's owner names validators with `intellect-node pool add-validator`",
         ),
+        "AlreadyDisputed": (f"work {a.get('workKey')} has been disputed already (once per record)", ""),
+        "NotDisputed": (f"work {a.get('workKey')} has no open dispute of that kind", ""),
+        "AppealPeriodOver": (
+            f"the appeal period of work {a.get('workKey')} ended at {_when(a.get('appealEnd', 0))}",
+            "",
+        ),
+        "AppealPeriodNotOver": (
+            f"work {a.get('workKey')} can be appealed until {_when(a.get('appealEnd', 0))}",
+            "finalize after that time",
+        ),
+        "VotePeriodOver": (f"the vote on work {a.get('workKey')} ended at {_when(a.get('voteEnd', 0))}", ""),
+        "VotePeriodNotOver": (
+            f"the vote on work {a.get('workKey')} runs until {_when(a.get('voteEnd', 0))}",
+            "close it after that time",
+        ),
+        "NotJuror": (f"{a.get('caller')} is not on the committee of work {a.get('workKey')}", ""),
+        "NotChallenger": (f"{a.get('caller')} has no stake", "only staked providers may challenge work"),
+        "OwnWork": (f"work {a.get('workKey')} is the caller's own", ""),
+        "AlreadyValidator": (f"{a.get('validator')} is already a validator of pool {a.get('poolId')}", ""),
+        "NotPoolValidator": (f"{a.get('validator')} is not a validator of pool {a.get('poolId')}", ""),
+        "TooManyValidators": (f"pool {a.get('poolId')} already has {a.get('max')} validators", "remove one first"),
+        "BadDisputeTerms": ("dispute terms need positive periods and a committee of 1 to 32", ""),
         "AlreadySettled": (f"work {a.get('workKey')} is already {_record(a.get('status'))}", ""),
         "DeadlinePassed": (
             f"the validation window of work {a.get('workKey')} closed at {_when(a.get('deadline', 0))}",
             "work is final after its deadline and can no longer be invalidated",
+        ),
+        "NotRecordProvider": (
+            f"work {a.get('workKey')} belongs to provider {a.get('provider')}, not {a.get('caller')}",
+            "send this with the provider's key",
         ),
         "NothingToClaim": (
             f"none of the named work in pool {a.get('poolId')} is claimable by this key now",

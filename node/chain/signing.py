@@ -23,12 +23,13 @@ def _domain(name_version: tuple[str, str], chain_id: int, contract: str) -> dict
     }
 
 
-def node_binding_message(provider: str, node: str, chain_id: int, registry: str) -> dict[str, Any]:
+def node_binding_message(provider: str, node: str, nonce: int, chain_id: int, registry: str) -> dict[str, Any]:
     return {
         "types": {
             "NodeBinding": [
                 {"name": "provider", "type": "address"},
                 {"name": "node", "type": "address"},
+                {"name": "nonce", "type": "uint256"},
                 {"name": "chainId", "type": "uint256"},
                 {"name": "registry", "type": "address"},
             ]
@@ -38,15 +39,17 @@ def node_binding_message(provider: str, node: str, chain_id: int, registry: str)
         "message": {
             "provider": to_checksum_address(provider),
             "node": to_checksum_address(node),
+            "nonce": nonce,
             "chainId": chain_id,
             "registry": to_checksum_address(registry),
         },
     }
 
 
-def sign_node_binding(node_key: LocalAccount, provider: str, chain_id: int, registry: str) -> str:
-    """The node key's signature binding it to `provider` on this chain and registry."""
-    msg = encode_typed_data(full_message=node_binding_message(provider, node_key.address, chain_id, registry))
+def sign_node_binding(node_key: LocalAccount, provider: str, nonce: int, chain_id: int, registry: str) -> str:
+    """The node key's signature binding it to `provider` on this chain and registry, for its `nonce`-th
+    binding (the registry's `bindingNonce`: a signature is good for one binding only)."""
+    msg = encode_typed_data(full_message=node_binding_message(provider, node_key.address, nonce, chain_id, registry))
     return "0x" + bytes(node_key.sign_message(msg).signature).hex()
 
 

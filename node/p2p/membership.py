@@ -5,7 +5,7 @@ keeps a `Membership` in memory and refreshes it in the background from the chain
 
 - coordinator: `PoolManager.getPool(pool).coordinator` (one view call per poll, so a replaced
   coordinator is picked up even though the contract emits no event for it);
-- validators: `RoleGranted` / `RoleRevoked` of `VALIDATOR_ROLE` on the `ProviderRegistry`;
+- validators: `ValidatorAdded` / `ValidatorRemoved` of this pool on the `PoolManager` (each pool names its own);
 - members: `NodeJoined` adds, `NodeLeft` / `NodeEjected` / `NodeBlacklisted` remove, for this pool.
 
 Events are replayed once from the deployment block, then only new blocks are read on each poll. A poll
@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 _MEMBER_ADD = frozenset({"NodeJoined"})
 _MEMBER_REMOVE = frozenset({"NodeLeft", "NodeEjected", "NodeBlacklisted"})
-_ROLE_EVENTS = frozenset({"RoleGranted", "RoleRevoked"})
+_VALIDATOR_EVENTS = frozenset({"ValidatorAdded", "ValidatorRemoved"})
 
 
 class ChainMembership:
@@ -69,7 +69,6 @@ class ChainMembership:
         self._snapshot: Membership | None = None
         self._validators: set[str] = set()
         self._members: set[str] = set()
-        self._validator_role: str | None = None
         self._changed = trio.Event()
 
     # ------------------------------------------------------------------ reading
@@ -99,15 +98,13 @@ class ChainMembership:
         Raises on RPC failure without touching the cached state (the caller decides about retrying)."""
         c = self.client
         with trio.fail_after(self.poll_timeout):
-            if self._validator_role is None:
-                self._validator_role = str(await c.call("ProviderRegistry", "VALIDATOR_ROLE")).lower()
             head = await c.rpc.block_number() - self.confirmations
             pool = await c.call("PoolManager", "getPool", self.pool, block=hex(head) if head >= 0 else "latest")
             start = max(self.block + 1, c.deployment.block)
             end = min(head, start + self.max_blocks_per_poll - 1)
             validators, members = set(self._validators), set(self._members)
             if end >= start:
-                events = await c.events(["PoolManager", "ProviderRegistry"], from_block=start, to_block=end)
+                events = await c.events(["PoolManager"], from_block=start, to_block=end)
                 for ev in events:
                     self._apply(ev.name, ev.args, validators, members)
         if int(pool["status"]) == 0:
@@ -130,22 +127,20 @@ class ChainMembership:
         return snap
 
     def _apply(self, name: str, args: dict[str, object], validators: set[str], members: set[str]) -> None:
-        if name in _ROLE_EVENTS:
-            if str(args.get("role", "")).lower() != self._validator_role:
-                return
-            account = normalize_address(str(args.get("account", "")))
-            if account is None:
-                return
-            if name == "RoleGranted":
-                validators.add(account)
-            else:
-                validators.discard(account)
-            return
-        if name not in _MEMBER_ADD and name not in _MEMBER_REMOVE:
+        if name not in _MEMBER_ADD and name not in _MEMBER_REMOVE and name not in _VALIDATOR_EVENTS:
             return
         try:
             pool_id = int(args.get("poolId", -1))  # type: ignore[call-overload]
         except (TypeError, ValueError):
+            return
+        if name in _VALIDATOR_EVENTS:
+            account = normalize_address(str(args.get("validator", "")))
+            if pool_id != self.pool or account is None:
+                return
+            if name == "ValidatorAdded":
+                validators.add(account)
+            else:
+                validators.discard(account)
             return
         node = normalize_address(str(args.get("node", "")))
         if pool_id != self.pool or node is None:

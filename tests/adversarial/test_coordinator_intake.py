@@ -22,7 +22,7 @@ from node.rollout.build import build_rollout_file
 from node.rollout.file import RolloutHeader, work_key
 from node.tasks.math import get_env
 from pool.coordinator import Coordinator, CoordinatorConfig
-from tests.conftest import World
+from tests.conftest import World, slash_now
 from tests.integration.test_coordinator import _pool_with_two_members
 
 
@@ -180,7 +180,7 @@ async def test_a_node_with_invalidated_work_loses_its_untrained_rollouts_and_its
         with trio.fail_after(30):
             while status(keys[0]) != "recorded":
                 await trio.sleep(0.3)
-        await ops.invalidate(val, pid, keys[0], "0x" + "44" * 32)
+        await slash_now(chain, pid, keys[0], "0x" + "44" * 32)
         with trio.fail_after(30):
             while not await val.call("PoolManager", "isBlacklisted", pid, chain.node.address):
                 await trio.sleep(0.3)

@@ -1,8 +1,8 @@
 """The validator daemon on anvil against a coordinator that lies: it records on chain a file the node
 never signed (so that an honest validator would slash the node for it), and a record whose file nobody
 serves. The first must never be invalidated (the validator reports the coordinator instead); the second,
-which the node did sign, is invalidated as `data_unavailable` close to its deadline: signed work had to be
-kept. Real pieces: the compiled contracts on anvil, the validator daemon with its transformers prefill,
+which the node did sign, is invalidated as `data_unavailable` close to its deadline (signed work had to be
+kept), softly: its units are revoked, but nobody is slashed for a file nobody can show. Real pieces: the compiled contracts on anvil, the validator daemon with its transformers prefill,
 libp2p on 127.0.0.1 (the lying coordinator is a PoolNetwork with the coordinator's key that serves a blob
 and a signature handler)."""
 
@@ -25,7 +25,7 @@ from tests.integration.test_coordinator import _pool_with_two_members
 MARGIN = 30
 
 
-async def test_unsigned_work_is_reported_not_slashed_and_unserved_signed_work_is_invalidated(
+async def test_unsigned_work_is_reported_not_slashed_and_unserved_signed_work_is_revoked(
     chain: World, tmp_path: Path
 ) -> None:
     pid = await _pool_with_two_members(chain, tmp_path)
@@ -82,7 +82,8 @@ async def test_unsigned_work_is_reported_not_slashed_and_unserved_signed_work_is
     async with await chain.client(None) as reader:
         assert (await ops.record(reader, pid, unsigned))["statusName"] == "pending"  # never invalidated
         assert (await ops.record(reader, pid, unserved))["statusName"] == "invalidated"
-        slashed = [e for e in await reader.events(["WorkLedger"]) if e.name == "WorkInvalidated"]
-        assert [str(e.args["workKey"]) for e in slashed] == [unserved]
+        events = await reader.events(["WorkLedger"])
+        assert [str(e.args["workKey"]) for e in events if e.name == "WorkSoftInvalidated"] == [unserved]
+        assert not [e for e in events if e.name in ("WorkAccused", "WorkInvalidated")]
         stake_after = int(await reader.call("ProviderRegistry", "stakeOf", chain.provider.address))
-    assert stake_after < stake_before  # slashed once, for the signed work it did not keep
+    assert stake_after == stake_before  # revoked, not slashed

@@ -66,6 +66,7 @@ def _busy_pool(chain: World) -> int:
 
     async def go() -> int:
         async with (
+            await chain.client(chain.outsider) as outsider,
             await chain.client(chain.admin) as admin,
             await chain.client(chain.provider) as prov,
             await chain.client(chain.coordinator) as coord,
@@ -82,6 +83,8 @@ def _busy_pool(chain: World) -> int:
                     TOKEN,
                     0,
                     "/ip4/127.0.0.1/tcp/1",
+                    validators=(chain.validator.address, chain.outsider.address, chain.admin.address),
+                    disputes=ops.DisputeTerms(appeal_period=50, vote_period=50, committee_size=1),
                 ),
             )
             await admin.transact("PoolManager", "startPool", pid)
@@ -90,16 +93,34 @@ def _busy_pool(chain: World) -> int:
             await ops.register_provider(prov, 50 * TOKEN)
             await ops.stake(prov, 5 * TOKEN)
             for n in (chain.node, chain.node2):
-                await ops.add_node(prov, n.address, 1, ops.node_signature(prov, n, chain.provider.address))
+                await ops.add_node(prov, n.address, 1, await ops.node_signature(prov, n, chain.provider.address))
                 await ops.join_pool(prov, await ops.make_invite(coord, chain.coordinator, pid, n.address, 600))
             await ops.record_work(
                 coord,
                 pid,
-                [ops.WorkItem(chain.node.address, "0x" + f"{i:064x}", 10, 1, "0x" + "aa" * 32) for i in (1, 2)],
+                [ops.WorkItem(chain.node.address, "0x" + f"{i:064x}", 10, 1, "0x" + "aa" * 32) for i in range(1, 6)],
             )
-            await ops.invalidate(val, pid, "0x" + f"{1:064x}", "0x" + "bb" * 32)
+            k = ["0x" + f"{i:064x}" for i in range(6)]
+            await ops.invalidate(val, pid, k[1], "0x" + "bb" * 32)  # accused; final after the appeal period
+            await ops.invalidate(val, pid, k[3], "0x" + "bb" * 32, hard=False)  # revoked, no slash
+            await ops.invalidate(val, pid, k[4], "0x" + "bb" * 32)  # accused, appealed, overturned
+            await ops.appeal(prov, pid, k[4])
+            await prov.rpc.request("evm_mine", [])
+            await prov.transact("WorkLedger", "drawCommittee", pid, k[4])
+            juror = (
+                outsider if await admin.call("WorkLedger", "jurorState", pid, k[4], chain.outsider.address) else admin
+            )
+            await ops.vote(juror, pid, k[4], False)
+            await ops.register_provider(outsider, 10 * TOKEN)  # staked: may challenge
+            await ops.challenge(outsider, pid, k[5], "0x" + "cc" * 32)  # challenged, then lapses
+            await ops.add_validator(admin, pid, chain.node.address)  # the set changed: the draw commits anew
+            await prov.rpc.request("evm_mine", [])
+            await prov.transact("WorkLedger", "drawCommittee", pid, k[5])
+            await ops.remove_validator(admin, pid, chain.node.address)
             await prov.rpc.request("evm_increaseTime", [200])
             await prov.rpc.request("evm_mine", [])
+            await ops.finalize_invalidation(val, pid, k[1])
+            await ops.resolve_lapsed(val, pid, k[5])
             await ops.claim(prov, pid)
             await admin.transact("WorkLedger", "withdrawSurplus", pid, TOKEN, chain.admin.address)
             await prov.transact("PoolManager", "leavePool", pid, chain.node2.address)
@@ -112,9 +133,10 @@ def _busy_pool(chain: World) -> int:
             await ops.withdraw(prov)
             await admin.transact("ProviderRegistry", "setTreasury", chain.admin.address)
             await admin.transact("ProviderRegistry", "setParameters", 7 * 86400, 10 * TOKEN, 10 * TOKEN, 1000, 10**30)
-            role = "0x" + keccak(text="VALIDATOR_ROLE").hex()
+            role = "0x" + keccak(text="SLASHER_ROLE").hex()
             await admin.transact("ProviderRegistry", "grantRole", role, chain.outsider.address)
             await admin.transact("ProviderRegistry", "revokeRole", role, chain.outsider.address)
+            await admin.transact("PoolManager", "rotateCoordinator", pid, chain.node2.address)
             await admin.transact("PoolManager", "endPool", pid)
             return pid
 

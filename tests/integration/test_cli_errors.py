@@ -34,7 +34,7 @@ def pool(chain: World) -> int:
             await ops.fund_pool(admin, pid, 100 * TOKEN)
             await ops.register_provider(prov, 60 * TOKEN)
             await ops.add_node(
-                prov, chain.node.address, 1, ops.node_signature(prov, chain.node, chain.provider.address)
+                prov, chain.node.address, 1, await ops.node_signature(prov, chain.node, chain.provider.address)
             )
             return pid
 
@@ -252,7 +252,7 @@ def test_non_validator_cannot_invalidate(chain, pool, monkeypatch, capsys):
     code, err = run_cli(
         chain, key(chain.outsider), ["work", "invalidate", "--pool", str(pool), "--key", wk], monkeypatch, capsys
     )
-    assert_one_line_error(code, err, "does not hold the validator role")
+    assert_one_line_error(code, err, f"is not a validator of pool {pool}")
     assert snapshot(chain, chain.outsider.address) == before
     record = trio.run(_record, chain, pool, wk)
     assert record["statusName"] == "pending"

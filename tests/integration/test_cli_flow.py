@@ -60,7 +60,7 @@ def _flow(url, tmp_path, monkeypatch, capsys):
     addr = {k: from_hex(v).address for k, v in KEY.items()}
     cli = Cli(url, tmp_path / "deployment.json", monkeypatch, capsys)
 
-    dep = cli.json("admin", "contracts", "deploy", "--validator", addr["validator"], "--unbonding-period", "3600")
+    dep = cli.json("admin", "contracts", "deploy", "--unbonding-period", "3600")
     assert dep["chain_id"] == 31337 and set(dep["contracts"]) == {
         "IntellectToken",
         "ProviderRegistry",
@@ -73,6 +73,7 @@ def _flow(url, tmp_path, monkeypatch, capsys):
 
     cli("admin", "token", "mint", "--to", addr["provider"], "1000")
     cli("admin", "token", "mint", "--to", addr["admin"], "5000")
+    cli("admin", "token", "mint", "--to", addr["validator"], "50")  # its accusation bonds
 
     reg = cli.json("provider", "provider", "register", "--stake", "100")
     assert reg["stake"] == 100 * 10**18
@@ -98,6 +99,12 @@ def _flow(url, tmp_path, monkeypatch, capsys):
         "5",
         "--min-stake",
         "50",
+        "--validator",
+        addr["validator"],
+        "--appeal-period",
+        "3600",
+        "--vote-period",
+        "3600",
     )
     pid = str(pool["pool"])
     # Joining before the pool starts fails with a clear reason.
@@ -132,12 +139,15 @@ def _flow(url, tmp_path, monkeypatch, capsys):
     assert sub["records"] == 4
 
     inv = cli.json("validator", "work", "invalidate", "--pool", pid, "--key", keys[0], "--evidence", "0x" + "ee" * 32)
-    assert inv["slashed"] == 5 * 10**18 and inv["units"] == 100
+    assert inv["bond"] == 5 * 10**18 and inv["provider"] == addr["provider"]  # an accusation: no slash yet
+    _, err = cli("validator", "work", "finalize", "--pool", pid, "--key", keys[0], expect=1)
+    assert "can be appealed until" in err and err.count("\n") == 1
 
     _, err = cli("provider", "provider", "claim", "--pool", pid, "--key", keys[1], expect=1)
     assert "still in its validation window" in err and err.count("\n") == 1
 
     cli("admin", "chain", "advance-time", "86400")
+    cli("provider", "work", "finalize", "--pool", pid, "--key", keys[0])  # unappealed: anyone makes it final
     _, err = cli("validator", "work", "invalidate", "--pool", pid, "--key", keys[2], expect=1)
     assert "validation window" in err and "closed" in err and err.count("\n") == 1
 

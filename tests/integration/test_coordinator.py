@@ -24,7 +24,9 @@ from tests.conftest import World, file_size_limit, write_spec
 async def _pool_with_two_members(chain: World, folder: Path, fund: int = 10 * TOKEN) -> int:
     uri, digest = write_spec(folder)
     async with await chain.client(chain.admin) as admin, await chain.client(chain.provider) as prov:
-        spec = ops.PoolSpec(chain.coordinator.address, uri, digest, 10**15, 3600, TOKEN, TOKEN)
+        spec = ops.PoolSpec(
+            chain.coordinator.address, uri, digest, 10**15, 3600, TOKEN, TOKEN, validators=(chain.validator.address,)
+        )
         pid, _ = await ops.create_pool(admin, spec)
         await admin.transact("PoolManager", "startPool", pid)
         if fund:
@@ -32,7 +34,7 @@ async def _pool_with_two_members(chain: World, folder: Path, fund: int = 10 * TO
         await ops.register_provider(prov, 100 * TOKEN)
         async with await chain.client(chain.coordinator) as coord:
             for node in (chain.node, chain.node2):
-                await ops.add_node(prov, node.address, 1, ops.node_signature(prov, node, chain.provider.address))
+                await ops.add_node(prov, node.address, 1, await ops.node_signature(prov, node, chain.provider.address))
                 await ops.join_pool(prov, await ops.make_invite(coord, chain.coordinator, pid, node.address, 600))
         return pid
 

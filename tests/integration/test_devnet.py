@@ -53,6 +53,13 @@ def test_devnet_with_adversary_end_to_end(tmp_path: Path) -> None:
     assert audit["consistent"], audit["mismatches"]
     assert audit["providers"][cheat["provider"]]["slashed"] == cheat["slashed_tokens"]
     assert report["validator"].get("ok", 0) >= 6
+    # a true invalidation stands through an appeal: the cheater appealed each accusation (its own check
+    # of its file passes), the jurors re-checked the file and upheld every one
+    disputes = report["disputes"]["records"]
+    assert len(disputes) == 3 and all(d["by"] == "validator" and d["appealed"] for d in disputes.values())
+    assert all(d["verdict"] == "upheld" for d in disputes.values()), disputes
+    votes = sum((tmp_path / "dn" / f"juror{i}.log").read_text().count("voted to uphold") for i in (1, 2))
+    assert votes >= 3  # a majority of each committee of two
     # the pool trained while it ran: versions advanced, workers hot-reloaded them (honest rollouts of
     # versions > 0 were verified against the downloaded checkpoints), and no step trained on a rollout
     # more than async_level (2) versions older than the policy it updated
@@ -68,6 +75,36 @@ def test_devnet_with_adversary_end_to_end(tmp_path: Path) -> None:
         log = (tmp_path / "dn" / f"{name}.log").read_text()
         assert "SIGTERM received" in log and ": shut down" in log, name
     print(f"devnet with adversary took {elapsed:.0f} s")
+
+
+@pytest.mark.slow
+def test_devnet_lying_validator_is_appealed_and_overturned(tmp_path: Path) -> None:
+    """`intellect-node devnet --adversary --adversary-kind lying-validator`: a validator of the pool
+    accuses every honest record. Each honest worker appeals (its own check passes), a committee drawn
+    from the other validators re-checks the file and overturns: the workers keep their stake and are
+    paid in full, and the liar loses every bond it put up."""
+    pytest.importorskip("vllm")
+    report_path = tmp_path / "r.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INTELLECT_")}
+    p = subprocess.run(
+        [sys.executable, "-m", "cli.main", "devnet", "--model", "tiny", "--adversary", "--adversary-kind",
+         "lying-validator", "--steps", "2", "--report", str(report_path), "--dir", str(tmp_path / "dn"),
+         "--timeout", "420"],
+        capture_output=True, text=True, timeout=480, env=env, cwd=str(ROOT),
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["ok"] and report["problems"] == [] and report["adversary"] == "lying-validator"
+    assert set(report["nodes"]) == {"worker1", "worker2"}
+    for n in report["nodes"].values():
+        assert n["rollouts_invalidated"] == 0 and n["slashed_tokens"] == 0 and n["slashes"] == []
+        assert n["units_claimed"] == n["units_recorded"] > 0
+    liar = report["disputes"]["by_accuser"]["liar"]
+    assert liar["accused"] == 4 and liar["overturned"] == 4 and liar["upheld"] == 0
+    assert liar["bonds_lost"] == 4 * 5 * 10**18
+    assert all(d["appealed"] for d in report["disputes"]["records"].values())
+    assert report["audit"]["consistent"], report["audit"]["mismatches"]
+    assert "lost 20 INTL in bonds" in p.stdout
 
 
 @pytest.mark.slow

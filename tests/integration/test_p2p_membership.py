@@ -20,12 +20,23 @@ async def _pool_with_node(chain: World) -> int:
     async with await chain.client(chain.admin) as admin, await chain.client(chain.provider) as prov:
         pid, _ = await ops.create_pool(
             admin,
-            ops.PoolSpec(chain.coordinator.address, "file:///s", "0x" + "11" * 32, 10**15, 3600, 5 * TOKEN, 50 * TOKEN),
+            ops.PoolSpec(
+                chain.coordinator.address,
+                "file:///s",
+                "0x" + "11" * 32,
+                10**15,
+                3600,
+                5 * TOKEN,
+                50 * TOKEN,
+                validators=(chain.validator.address,),
+            ),
         )
         await admin.transact("PoolManager", "startPool", pid)
         await ops.fund_pool(admin, pid, 100 * TOKEN)
         await ops.register_provider(prov, 60 * TOKEN)
-        await ops.add_node(prov, chain.node.address, 1, ops.node_signature(prov, chain.node, chain.provider.address))
+        await ops.add_node(
+            prov, chain.node.address, 1, await ops.node_signature(prov, chain.node, chain.provider.address)
+        )
         return pid
 
 
@@ -35,7 +46,7 @@ async def _until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
             await trio.sleep(0.02)
 
 
-def test_snapshot_follows_joins_leaves_and_validator_grants(chain: World) -> None:
+def test_snapshot_follows_joins_leaves_and_the_pools_validators(chain: World) -> None:
     async def main() -> None:
         t0 = time.monotonic()
         pid = await _pool_with_node(chain)
@@ -51,7 +62,7 @@ def test_snapshot_follows_joins_leaves_and_validator_grants(chain: World) -> Non
             snap = await cm.refresh()
             assert snap.pool == pid
             assert snap.coordinator == chain.coordinator.address
-            assert snap.validators == {chain.validator.address}  # granted at deployment
+            assert snap.validators == {chain.validator.address}  # named at the pool's creation
             assert snap.members == frozenset()
 
             await ops.join_pool(prov, await ops.make_invite(coord, chain.coordinator, pid, chain.node.address, 600))
@@ -59,8 +70,7 @@ def test_snapshot_follows_joins_leaves_and_validator_grants(chain: World) -> Non
             assert chain.node.address in (await cm.refresh()).members
             assert cm.snapshot().role(chain.node.address) == "member"
 
-            role = await admin.call("ProviderRegistry", "VALIDATOR_ROLE")
-            await admin.transact("ProviderRegistry", "grantRole", role, chain.outsider.address)
+            await ops.add_validator(admin, pid, chain.outsider.address)
             await prov.transact("PoolManager", "leavePool", pid, chain.node.address)
             snap = await cm.refresh()
             assert snap.validators == {chain.validator.address, chain.outsider.address}
@@ -83,7 +93,7 @@ def test_snapshot_follows_joins_leaves_and_validator_grants(chain: World) -> Non
                 reader.rpc.block_number = flaky  # type: ignore[method-assign]
                 await _until(lambda: cm.failures >= 2)
                 assert cm.snapshot() == snap  # the last good snapshot stays in force
-                await admin.transact("ProviderRegistry", "revokeRole", role, chain.outsider.address)
+                await ops.remove_validator(admin, pid, chain.outsider.address)
                 await ops.join_pool(prov, await ops.make_invite(coord, chain.coordinator, pid, chain.node.address, 600))
                 await _until(
                     lambda: (

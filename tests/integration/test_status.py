@@ -14,7 +14,7 @@ from cli.main import entry
 from node import ops
 from node.chain.anvil import ANVIL_KEYS
 from node.chain.tx import Receipt
-from tests.conftest import World, rpc_sync
+from tests.conftest import World, rpc_sync, slash_now
 
 TOKEN = 10**18
 RATE = 10**16  # 0.01 token per unit
@@ -51,7 +51,7 @@ def _setup(w: World, keys: list[str]) -> int:
     async def go() -> int:
         async with await w.client(w.provider) as p:
             await ops.register_provider(p, 100 * TOKEN)
-            await ops.add_node(p, w.node.address, 2, ops.node_signature(p, w.node, w.provider.address))
+            await ops.add_node(p, w.node.address, 2, await ops.node_signature(p, w.node, w.provider.address))
         async with await w.client(w.admin) as a:
             pid, _ = await ops.create_pool(
                 a,
@@ -63,6 +63,8 @@ def _setup(w: World, keys: list[str]) -> int:
                     validation_window=WINDOW,
                     slash_amount=SLASH,
                     min_stake=50 * TOKEN,
+                    validators=(w.validator.address,),
+                    disputes=ops.DisputeTerms(appeal_period=60, vote_period=60),
                 ),
             )
             await a.transact("PoolManager", "startPool", pid)
@@ -80,11 +82,7 @@ def _setup(w: World, keys: list[str]) -> int:
 
 
 def _invalidate(w: World, pid: int, key: str) -> Receipt:
-    async def go() -> Receipt:
-        async with await w.client(w.validator) as v:
-            return await ops.invalidate(v, pid, key, "0x" + "ee" * 32)
-
-    return trio.run(go)
+    return trio.run(slash_now, w, pid, key)
 
 
 def _claim(w: World, pid: int) -> tuple[int, list[Receipt]]:
@@ -195,11 +193,20 @@ def test_status_lists_slashes_from_other_pools(chain: World, monkeypatch, capsys
 
     async def second_pool() -> tuple[int, Receipt]:
         async with await w.client(w.provider) as p:
-            await ops.add_node(p, w.node2.address, 1, ops.node_signature(p, w.node2, w.provider.address))
+            await ops.add_node(p, w.node2.address, 1, await ops.node_signature(p, w.node2, w.provider.address))
         async with await w.client(w.admin) as a:
             pid2, _ = await ops.create_pool(
                 a,
-                ops.PoolSpec(w.coordinator.address, "file:///b.json", "0x" + "ab" * 32, RATE, WINDOW, 3 * TOKEN),
+                ops.PoolSpec(
+                    w.coordinator.address,
+                    "file:///b.json",
+                    "0x" + "ab" * 32,
+                    RATE,
+                    WINDOW,
+                    3 * TOKEN,
+                    validators=(w.validator.address,),
+                    disputes=ops.DisputeTerms(appeal_period=60, vote_period=60),
+                ),
             )
             await a.transact("PoolManager", "startPool", pid2)
             await ops.fund_pool(a, pid2, TOKEN)
@@ -209,8 +216,7 @@ def test_status_lists_slashes_from_other_pools(chain: World, monkeypatch, capsys
             await ops.join_pool(p, invite, pid2)
         async with await w.client(w.coordinator) as co:
             await ops.record_work(co, pid2, [ops.WorkItem(w.node2.address, other_key, 7, 1, "0x" + "cd" * 32)])
-        async with await w.client(w.validator) as v:
-            r = await ops.invalidate(v, pid2, other_key, "0x" + "ee" * 32)
+        r = await slash_now(w, pid2, other_key)
         return pid2, r
 
     pid2, inv2 = trio.run(second_pool)

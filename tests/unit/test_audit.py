@@ -79,34 +79,52 @@ def registry_stream(slashed=0):
     return out
 
 
-def invalidation(block=5):
+APPEAL_END = 600
+
+
+def accusation(block=5, k=1):
     return ev(
-        "WorkInvalidated",
-        "t3",
-        block,
-        workKey=key(1),
-        validator=VAL,
-        provider=PROV,
-        units=5,
-        evidenceHash="0x",
-        slashed=3,
-        bounty=1,
-    )
+        "WorkAccused", f"t3a{k}", block, workKey=key(k), accuser=VAL, provider=PROV, evidenceHash="0xee",
+        appealEnd=APPEAL_END, bond=2,
+    )  # fmt: skip
+
+
+def invalidation(block=5, final_block=6):
+    """A hard invalidation: the accusation, then (unappealed) its finalization."""
+    return [
+        accusation(block),
+        ev(
+            "WorkInvalidated",
+            "t3",
+            final_block,
+            workKey=key(1),
+            validator=VAL,
+            provider=PROV,
+            units=5,
+            evidenceHash="0x" + "00" * 32,
+            slashed=3,
+            bounty=1,
+        ),
+        ev("DisputeResolved", "t3", final_block, workKey=key(1), verdict=1, kind=1, accuser=VAL, provider=PROV,
+           bondsTo=VAL, bonds=2),
+    ]  # fmt: skip
 
 
 def claim(block=9, reward=7 * RATE):
     return ev("WorkClaimed", "t4", block, workKey=key(2), provider=PROV, units=7, reward=reward)
 
 
-TIMES = {5: 500, 9: 1_000, 4: 1_000, 8: 999}
+TIMES = {5: 500, 6: 700, 9: 1_000, 4: 1_000, 8: 999, 3: 100}
 
 
 def test_consistent_stream_gives_per_node_ledger():
-    r = rebuild(POOL, [*base_stream(), invalidation(), claim()], registry_stream(3), TIMES)
+    r = rebuild(POOL, [*base_stream(), *invalidation(), claim()], registry_stream(3), TIMES)
     assert r.problems == []
     n = node_ledgers(r, now=2_000)[NODE]
     assert (n.records, n.recorded_units, n.invalidated_units, n.claimed_units, n.claimed_tokens) == (2, 12, 5, 7, 70)
     assert n.slashes[0]["amount"] == 3 and n.slashed_tokens == 3
+    rec = r.records[key(1)]
+    assert (rec.dispute, rec.verdict, rec.evidence, rec.validator) == ("accusation", "upheld", "0xee", VAL)
     state = {
         key(1): {"status": 2, "units": 5, "provider": PROV, "deadline": DEADLINE},
         key(2): {"status": 3, "units": 7, "provider": PROV, "deadline": DEADLINE},
@@ -140,7 +158,7 @@ def test_claim_before_deadline_is_flagged():
 
 
 def test_invalidation_at_deadline_is_flagged():
-    r = rebuild(POOL, [*base_stream(), invalidation(block=4)], registry_stream(3), TIMES)
+    r = rebuild(POOL, [*base_stream(), *invalidation(block=4)], registry_stream(3), TIMES)
     assert any("at or after its deadline" in p for p in r.problems)
 
 
@@ -149,7 +167,11 @@ def test_double_settlement_is_flagged():
     assert any("claimed while claimed" in p for p in r.problems)
     r = rebuild(
         POOL,
-        [*base_stream(), invalidation(), ev("WorkClaimed", "t9", 9, workKey=key(1), provider=PROV, units=5, reward=50)],
+        [
+            *base_stream(),
+            *invalidation(),
+            ev("WorkClaimed", "t9", 9, workKey=key(1), provider=PROV, units=5, reward=50),
+        ],
         registry_stream(3),
         TIMES,
     )
@@ -167,7 +189,7 @@ def test_double_record_and_unknown_work_are_flagged():
 def test_wrong_reward_and_missing_slash_are_flagged():
     r = rebuild(POOL, [*base_stream(), claim(reward=1)], [], TIMES)
     assert any("reward 1 != units 7 x rate" in p for p in r.problems)
-    r = rebuild(POOL, [*base_stream(), invalidation()], registry_stream(0), TIMES)
+    r = rebuild(POOL, [*base_stream(), *invalidation()], registry_stream(0), TIMES)
     assert any("registry logged none" in p for p in r.problems)
 
 
@@ -178,3 +200,42 @@ def test_events_of_other_pools_are_ignored():
     other.args["poolId"] = 2
     r = rebuild(POOL, [*base_stream(), other], [], TIMES)
     assert r.problems == [] and len(r.records) == 2
+
+
+def test_slash_before_the_appeal_period_ended_is_flagged():
+    r = rebuild(POOL, [*base_stream(), *invalidation(final_block=5)], registry_stream(3), TIMES)
+    assert any("before its appeal period ended" in p for p in r.problems)
+
+
+def test_an_overturned_appeal_leaves_the_record_pending_and_claimable():
+    stream = [
+        *base_stream(),
+        accusation(),
+        ev("WorkAppealed", "t5", 5, workKey=key(1), provider=PROV, voteEnd=800, bond=2),
+        ev("DisputeResolved", "t6", 6, workKey=key(1), verdict=2, kind=2, accuser=VAL, provider=PROV, bondsTo=PROV,
+           bonds=4),
+        ev("WorkClaimed", "t7", 9, workKey=key(1), provider=PROV, units=5, reward=5 * RATE),
+    ]  # fmt: skip
+    r = rebuild(POOL, stream, registry_stream(), TIMES)
+    assert r.problems == []
+    rec = r.records[key(1)]
+    assert (rec.status, rec.dispute, rec.verdict, len(rec.dispute_txs)) == ("claimed", "appeal", "overturned", 3)
+
+
+def test_a_disputed_record_is_neither_pending_nor_claimable():
+    r = rebuild(POOL, [*base_stream(), accusation()], registry_stream(), TIMES)
+    assert r.records[key(1)].status == "disputed"
+    r = rebuild(
+        POOL, [*base_stream(), accusation(), ev("WorkClaimed", "t9", 9, workKey=key(1), provider=PROV, units=5,
+                                               reward=50)], registry_stream(), TIMES
+    )  # fmt: skip
+    assert any("claimed while disputed" in p for p in r.problems)
+
+
+def test_soft_invalidation_revokes_without_a_slash():
+    soft = ev("WorkSoftInvalidated", "t3", 5, workKey=key(1), validator=VAL, provider=PROV, units=5, evidenceHash="0x1")
+    r = rebuild(POOL, [*base_stream(), soft], registry_stream(), TIMES)
+    assert r.problems == []
+    rec = r.records[key(1)]
+    assert (rec.status, rec.soft, rec.slashed) == ("invalidated", True, 0)
+    assert r.totals.invalidated_units == 5

@@ -29,6 +29,7 @@ contract Handler is TestBase {
         address[] providers;
         uint256[2] poolIds;
         uint256[2] coordPks;
+        address[4] jurors;
     }
 
     /// @dev Ghost of one work record, keyed by keccak256(poolId, workKey).
@@ -42,6 +43,11 @@ contract Handler is TestBase {
         uint8 recordings;
         uint8 claims;
         uint8 invalidations;
+        WorkLedger.DisputeKind dkind;
+        WorkLedger.Verdict verdict;
+        address accuser;
+        uint256 appealEnd;
+        uint256 voteEnd;
     }
 
     uint256 internal constant N_NODES = 12;
@@ -110,6 +116,14 @@ contract Handler is TestBase {
     uint256 public paymentMismatches;
     uint256 public recordsUnderStaked;
     uint256 public withdrawalsWhileLocked;
+    uint256 public slashesBeforeAppealEnd;
+    uint256 public partiesOnCommittee;
+    uint256 public committeeMismatches;
+
+    // ------------------------------------------------------------------ ghost: disputes
+    uint256 public gBondsIn;
+    uint256 public gBondsPaid;
+    address[4] public jurors;
     string public lastMismatch;
 
     // ------------------------------------------------------------------ coverage
@@ -135,6 +149,7 @@ contract Handler is TestBase {
         time = block.timestamp;
         bountyBps = registry.bountyBps();
         maxBounty = registry.maxBounty();
+        jurors = s.jurors;
     }
 
     modifier synced() {
@@ -542,15 +557,35 @@ contract Handler is TestBase {
     }
 
     function _invalidate(bytes32 id, bytes32 evidence) internal {
+        _invalidateAs(id, evidence, uint256(evidence) % 4 != 0);
+    }
+
+    /// @dev A validator's invalidation: soft (revoked, no slash) or hard (an accusation with a bond).
+    function _invalidateAs(bytes32 id, bytes32 evidence, bool hard) internal {
         Rec storage r = recs[id];
-        bool expected = r.status == WorkLedger.RecordStatus.Pending && time < r.deadline;
-        Slash memory sl = _expectedSlash(r.provider, pools.poolTerms(r.poolId).slashAmount);
+        bool expected =
+            r.status == WorkLedger.RecordStatus.Pending && time < r.deadline && r.dkind == WorkLedger.DisputeKind.None;
+        PoolManager.DisputeTerms memory d = pools.disputeTerms(r.poolId);
         vm.prank(validator);
-        try ledger.invalidateWork(r.poolId, r.workKey, evidence) {
-            _check(expected, true, "invalidateWork");
-            _applyInvalidation(r, sl);
+        try ledger.invalidateWork(r.poolId, r.workKey, evidence, hard) {
+            _check(expected, true, hard ? "accuse" : "softInvalidate");
+            if (time >= r.deadline) invalidationsAtOrAfterDeadline++;
+            if (!hard) {
+                r.invalidations++;
+                r.status = WorkLedger.RecordStatus.Invalidated;
+                gPendingUnits[r.poolId] -= r.units;
+                gInvalidatedUnits[r.poolId] += r.units;
+                return;
+            }
+            r.status = WorkLedger.RecordStatus.Disputed;
+            r.dkind = WorkLedger.DisputeKind.Accusation;
+            r.accuser = validator;
+            r.appealEnd = time + d.appealPeriod;
+            gBondsIn += d.bond;
+            uint256 until = r.appealEnd + d.votePeriod;
+            if (until > gLockedUntil[r.provider]) gLockedUntil[r.provider] = until;
         } catch {
-            _check(expected, false, "invalidateWork");
+            _check(expected, false, hard ? "accuse" : "softInvalidate");
         }
     }
 
@@ -561,12 +596,12 @@ contract Handler is TestBase {
         sl.fromStaked = rest < gStaked[p] ? rest : gStaked[p];
         sl.bounty = (sl.fromUnbonding + sl.fromStaked) * bountyBps / 10_000;
         if (sl.bounty > maxBounty) sl.bounty = maxBounty;
-        sl.validatorBefore = token.balanceOf(validator);
+        sl.validatorBefore = 0;
         sl.treasuryBefore = token.balanceOf(treasury);
     }
 
-    function _applyInvalidation(Rec storage r, Slash memory sl) internal {
-        if (time >= r.deadline) invalidationsAtOrAfterDeadline++;
+    function _applySlash(Rec storage r, Slash memory sl) internal {
+        if (r.dkind == WorkLedger.DisputeKind.Accusation && time < r.appealEnd) slashesBeforeAppealEnd++;
         r.invalidations++;
         r.status = WorkLedger.RecordStatus.Invalidated;
         gPendingUnits[r.poolId] -= r.units;
@@ -578,8 +613,179 @@ contract Handler is TestBase {
         gSlashed[p] += slashed;
         gTotalSlashed += slashed;
         gTotalBounty += sl.bounty;
-        if (token.balanceOf(validator) - sl.validatorBefore != sl.bounty) paymentMismatches++;
         if (token.balanceOf(treasury) - sl.treasuryBefore != slashed - sl.bounty) paymentMismatches++;
+    }
+
+    /// @dev Bonds put up in a dispute: the accuser's, plus the provider's when it appealed.
+    function _held(Rec storage r) internal view returns (uint256) {
+        uint256 bond = pools.disputeTerms(r.poolId).bond;
+        return r.dkind == WorkLedger.DisputeKind.Appeal ? 2 * bond : bond;
+    }
+
+    /// @dev Applies a verdict the ledger reached to the model, and checks who was paid what.
+    function _settle(Rec storage r, WorkLedger.Verdict v, Slash memory sl, uint256 accBefore, uint256 provBefore)
+        internal
+    {
+        r.verdict = v;
+        uint256 held = _held(r);
+        uint256 bond = pools.disputeTerms(r.poolId).bond;
+        uint256 accGets;
+        uint256 provGets;
+        if (v == WorkLedger.Verdict.Upheld) {
+            _applySlash(r, sl);
+            accGets = held + sl.bounty;
+        } else if (v == WorkLedger.Verdict.Overturned) {
+            r.status = WorkLedger.RecordStatus.Pending;
+            provGets = held;
+        } else {
+            r.status = WorkLedger.RecordStatus.Pending;
+            accGets = bond;
+            provGets = held - bond;
+        }
+        gBondsPaid += held;
+        if (token.balanceOf(r.accuser) - accBefore != accGets) paymentMismatches++;
+        if (token.balanceOf(r.provider) - provBefore != provGets) paymentMismatches++;
+    }
+
+    function _open(Rec storage r) internal view returns (bool) {
+        return r.verdict == WorkLedger.Verdict.Open
+            && (r.dkind == WorkLedger.DisputeKind.Appeal || r.dkind == WorkLedger.DisputeKind.Challenge);
+    }
+
+    /// @dev Anyone makes an unappealed accusation final after its appeal period.
+    function finalizeInvalidation(uint256 recSeed) external synced {
+        (bytes32 id, bool found) = _pickDisputed(recSeed);
+        if (!found) return;
+        Rec storage r = recs[id];
+        bool expected =
+            r.dkind == WorkLedger.DisputeKind.Accusation && r.verdict == WorkLedger.Verdict.Open && time >= r.appealEnd;
+        Slash memory sl = _expectedSlash(r.provider, pools.poolTerms(r.poolId).slashAmount);
+        uint256 accBefore = token.balanceOf(r.accuser);
+        uint256 provBefore = token.balanceOf(r.provider);
+        vm.prank(outsider);
+        try ledger.finalizeInvalidation(r.poolId, r.workKey) {
+            _check(expected, true, "finalizeInvalidation");
+            _settle(r, WorkLedger.Verdict.Upheld, sl, accBefore, provBefore);
+        } catch {
+            _check(expected, false, "finalizeInvalidation");
+        }
+    }
+
+    /// @dev The record's provider appeals an accusation within the appeal period.
+    function appeal(uint256 recSeed) external synced {
+        (bytes32 id, bool found) = _pickDisputed(recSeed);
+        if (!found) return;
+        Rec storage r = recs[id];
+        bool expected =
+            r.dkind == WorkLedger.DisputeKind.Accusation && r.verdict == WorkLedger.Verdict.Open && time < r.appealEnd;
+        PoolManager.DisputeTerms memory d = pools.disputeTerms(r.poolId);
+        vm.prank(r.provider);
+        try ledger.appeal(r.poolId, r.workKey) {
+            _check(expected, true, "appeal");
+            r.dkind = WorkLedger.DisputeKind.Appeal;
+            r.voteEnd = time + d.votePeriod;
+            gBondsIn += d.bond;
+        } catch {
+            _check(expected, false, "appeal");
+        }
+    }
+
+    /// @dev A staked provider other than the record's own challenges it before its deadline.
+    function challenge(uint256 recSeed, uint256 actorSeed, bytes32 evidence) external synced {
+        (bytes32 id, bool found) = _pickRec(recSeed);
+        if (!found) return;
+        Rec storage r = recs[id];
+        address who = _actor(actorSeed);
+        bool expected = gStaked[who] != 0 && who != r.provider && r.status == WorkLedger.RecordStatus.Pending
+            && time < r.deadline && r.dkind == WorkLedger.DisputeKind.None;
+        PoolManager.DisputeTerms memory d = pools.disputeTerms(r.poolId);
+        vm.prank(who);
+        try ledger.challenge(r.poolId, r.workKey, evidence) {
+            _check(expected, true, "challenge");
+            r.status = WorkLedger.RecordStatus.Disputed;
+            r.dkind = WorkLedger.DisputeKind.Challenge;
+            r.accuser = who;
+            r.voteEnd = time + d.votePeriod;
+            gBondsIn += d.bond;
+            if (r.voteEnd > gLockedUntil[r.provider]) gLockedUntil[r.provider] = r.voteEnd;
+        } catch {
+            _check(expected, false, "challenge");
+        }
+    }
+
+    /// @dev A validator votes on an appeal or a challenge (a new block first, so the committee's seed
+    /// block has a hash). Membership is read from the ledger after the draw; the model then decides
+    /// whether the vote may count and whether it ends the dispute.
+    function vote(uint256 recSeed, uint256 jurorSeed, bool uphold) external synced {
+        (bytes32 id, bool found) = _pickDisputed(recSeed);
+        if (!found) return;
+        Rec storage r = recs[id];
+        vm.roll(block.number + 1);
+        if (_open(r)) ledger.drawCommittee(r.poolId, r.workKey);
+        address who = jurors[jurorSeed % 4];
+        if (_guided(jurorSeed)) {
+            for (uint256 j; j < 4; ++j) {
+                address cand = jurors[(jurorSeed + j) % 4];
+                if (ledger.jurorState(r.poolId, r.workKey, cand) == 1) {
+                    who = cand;
+                    break;
+                }
+            }
+        }
+        WorkLedger.Dispute memory x = ledger.getDispute(r.poolId, r.workKey);
+        bool expected = _open(r) && time < r.voteEnd && ledger.jurorState(r.poolId, r.workKey, who) == 1;
+        uint256 half = uint256(x.size) / 2;
+        bool decides = expected && (uphold ? x.upheld + 1 > half : x.overturned + 1 > half);
+        Slash memory sl = _expectedSlash(r.provider, pools.poolTerms(r.poolId).slashAmount);
+        uint256 accBefore = token.balanceOf(r.accuser);
+        uint256 provBefore = token.balanceOf(r.provider);
+        for (uint256 j; j < 4; ++j) {
+            address a = jurors[j];
+            if ((a == r.accuser || a == r.provider) && ledger.jurorState(r.poolId, r.workKey, a) != 0) partiesOnCommittee++;
+        }
+        if (x.drawn && x.size != 3) committeeMismatches++;
+        vm.prank(who);
+        try ledger.vote(r.poolId, r.workKey, uphold) {
+            _check(expected, true, "vote");
+            if (decides) {
+                _settle(r, uphold ? WorkLedger.Verdict.Upheld : WorkLedger.Verdict.Overturned, sl, accBefore, provBefore);
+            }
+        } catch {
+            _check(expected, false, "vote");
+        }
+    }
+
+    /// @dev Anyone closes an appeal or a challenge whose vote period ended undecided.
+    function resolveLapsed(uint256 recSeed) external synced {
+        (bytes32 id, bool found) = _pickDisputed(recSeed);
+        if (!found) return;
+        Rec storage r = recs[id];
+        bool expected = _open(r) && time >= r.voteEnd;
+        uint256 accBefore = token.balanceOf(r.accuser);
+        uint256 provBefore = token.balanceOf(r.provider);
+        Slash memory sl;
+        vm.prank(outsider);
+        try ledger.resolveLapsed(r.poolId, r.workKey) {
+            _check(expected, true, "resolveLapsed");
+            _settle(r, WorkLedger.Verdict.Lapsed, sl, accBefore, provBefore);
+        } catch {
+            _check(expected, false, "resolveLapsed");
+        }
+    }
+
+    /// @dev A record with an open dispute when guided, else any record.
+    function _pickDisputed(uint256 seed) internal view returns (bytes32 id, bool found) {
+        if (recIds.length == 0) return (bytes32(0), false);
+        uint256 start = seed % recIds.length;
+        if (_guided(seed)) {
+            for (uint256 j; j < recIds.length; ++j) {
+                bytes32 cand = recIds[(start + j) % recIds.length];
+                if (recs[cand].dkind != WorkLedger.DisputeKind.None && recs[cand].verdict == WorkLedger.Verdict.Open) {
+                    return (cand, true);
+                }
+            }
+        }
+        return (recIds[start], true);
     }
 
     function claim(uint256 recSeed) external synced {
@@ -703,7 +909,7 @@ contract Handler is TestBase {
             (bytes32 id,) = _pickRec(seed);
             want = WorkLedger.NotValidator.selector;
             vm.prank(who);
-            try ledger.invalidateWork(poolId, recs[id].workKey, bytes32(0)) {
+            try ledger.invalidateWork(poolId, recs[id].workKey, bytes32(0), true) {
                 ok = true;
             } catch (bytes memory e) {
                 err = e;
@@ -739,7 +945,7 @@ contract Handler is TestBase {
             }
         } else if (which == 5) {
             want = IAccessControl.AccessControlUnauthorizedAccount.selector;
-            bytes32 role = seed % 2 == 0 ? registry.VALIDATOR_ROLE() : registry.SLASHER_ROLE();
+            bytes32 role = seed % 2 == 0 ? registry.DEFAULT_ADMIN_ROLE() : registry.SLASHER_ROLE();
             vm.prank(who);
             try registry.grantRole(role, who) {
                 ok = true;

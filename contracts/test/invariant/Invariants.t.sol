@@ -31,19 +31,20 @@ abstract contract InvariantsBase is Fixture {
         p.rewardRate = 1e12;
         p.slashAmount = 50e18;
         p.minStake = 100e18;
-        poolIdsArr[0] = _createActivePool(p);
+        poolIdsArr[0] = _createDisputedPool(p, PoolManager.DisputeTerms(2 hours, 3 hours, 3, 5e18, address(0)));
         p.coordinator = vm.addr(COORD2_PK);
         p.validationWindow = 1 days;
         p.rewardRate = 3e12;
         p.slashAmount = 20e18;
         p.minStake = 300e18;
-        poolIdsArr[1] = _createActivePool(p);
+        poolIdsArr[1] = _createDisputedPool(p, PoolManager.DisputeTerms(1 days, 1 hours, 3, 1e18, address(0)));
 
         actors = [ALICE, BOB, CAROL, DAVE];
         for (uint256 i; i < actors.length; ++i) {
             _give(actors[i], 1e24);
         }
         _give(FUNDER, 1e30);
+        _give(VALIDATOR, 1e24); // its accusation bonds
 
         handler = new Handler(
             Handler.Setup({
@@ -59,7 +60,8 @@ abstract contract InvariantsBase is Fixture {
                 outsider: STRANGER,
                 providers: actors,
                 poolIds: poolIdsArr,
-                coordPks: [COORD1_PK, COORD2_PK]
+                coordPks: [COORD1_PK, COORD2_PK],
+                jurors: [VALIDATOR, JUROR1, JUROR2, JUROR3]
             })
         );
         // Seed budgets through the handler so its ghosts see them.
@@ -67,7 +69,7 @@ abstract contract InvariantsBase is Fixture {
         handler.fundPool(1, 1e21);
 
         targetContract(address(handler));
-        bytes4[] memory sels = new bytes4[](21);
+        bytes4[] memory sels = new bytes4[](26);
         sels[0] = Handler.register.selector;
         sels[1] = Handler.stake.selector;
         sels[2] = Handler.unstake.selector;
@@ -89,7 +91,23 @@ abstract contract InvariantsBase is Fixture {
         sels[18] = Handler.warpToDeadline.selector;
         sels[19] = Handler.tryUnauthorized.selector;
         sels[20] = Handler.settleAtDeadline.selector;
+        sels[21] = Handler.finalizeInvalidation.selector;
+        sels[22] = Handler.appeal.selector;
+        sels[23] = Handler.challenge.selector;
+        sels[24] = Handler.vote.selector;
+        sels[25] = Handler.resolveLapsed.selector;
         targetSelector(FuzzSelector({addr: address(handler), selectors: sels}));
+    }
+
+    function _createDisputedPool(PoolManager.PoolParams memory p, PoolManager.DisputeTerms memory d)
+        internal
+        returns (uint256 id)
+    {
+        id = _createPool(p);
+        vm.startPrank(POOL_OWNER);
+        pools.setDisputeTerms(id, d);
+        pools.startPool(id);
+        vm.stopPrank();
     }
 
     /// @dev A populated start (through the handler, so its model sees everything): four registered
@@ -147,8 +165,8 @@ abstract contract InvariantsBase is Fixture {
         assertEq(registry.totalUnbonding(), unbonding, "totalUnbonding");
         assertEq(token.balanceOf(address(registry)), staked + unbonding, "registry balance");
         assertEq(deposited, staked + unbonding + out, "deposits");
-        assertEq(token.balanceOf(TREASURY) + token.balanceOf(VALIDATOR), handler.gTotalSlashed(), "slash proceeds");
-        assertEq(token.balanceOf(VALIDATOR), handler.gTotalBounty(), "bounties");
+        // Bounties go to accusers (checked per payment by the handler); the treasury gets the rest.
+        assertEq(token.balanceOf(TREASURY), handler.gTotalSlashed() - handler.gTotalBounty(), "slash proceeds");
     }
 
     /// @dev No token is created or lost: the holders' balances add up to the supply.
@@ -223,7 +241,24 @@ abstract contract InvariantsBase is Fixture {
             assertEq(uint256(a.claimedTokens), handler.gClaimedTokens(id), "claimed tokens");
             budgets += a.budget;
         }
-        assertEq(token.balanceOf(address(ledger)), budgets, "ledger balance == budgets");
+        assertEq(token.balanceOf(address(ledger)), budgets + ledger.bondsHeld(), "ledger balance == budgets + bonds");
+    }
+
+    /// @dev Bonds in = bonds paid + bonds held; no slash before its appeal ended or was decided; the
+    /// parties never sit on their own committee.
+    function _check_disputes() internal view {
+        assertEq(handler.gBondsIn(), handler.gBondsPaid() + ledger.bondsHeld(), "bonds in == paid + held");
+        assertEq(handler.slashesBeforeAppealEnd(), 0, "slash before the appeal period ended");
+        assertEq(handler.partiesOnCommittee(), 0, "a party on its own committee");
+        assertEq(handler.committeeMismatches(), 0, "committee size");
+        uint256 n = handler.recCount();
+        for (uint256 i; i < n; ++i) {
+            Handler.Rec memory g = handler.recAt(i);
+            WorkLedger.Dispute memory x = ledger.getDispute(g.poolId, g.workKey);
+            assertTrue(x.kind == g.dkind, "dispute kind");
+            assertTrue(x.verdict == g.verdict, "verdict");
+            assertEq(x.accuser, g.accuser, "accuser");
+        }
     }
 
     /// @dev Solvent pools: the rewards reserved by pending records never exceed the pool's budget.
@@ -310,6 +345,10 @@ contract InvariantsTest is InvariantsBase {
         _check_ledgerPoolAccounting();
     }
 
+    function invariant_disputes() public view {
+        _check_disputes();
+    }
+
     function invariant_reservedWithinFunds() public view {
         _check_reservedWithinFunds();
     }
@@ -344,10 +383,10 @@ contract HandlerSmokeTest is InvariantsBase {
         handler.recordWork(1, 1, 1, 2); // pool 2: node 1
         handler.recordDuplicate(0, 0);
         assertEq(handler.recCount(), 3);
-        handler.invalidateWork(0, bytes32("bad"));
+        handler.invalidateWork(0, bytes32(uint256(4))); // soft: revoked, no slash
         handler.warpToDeadline(1, 2); // one second after record 1's deadline
         handler.claim(1);
-        handler.invalidateWork(1, bytes32("late")); // refused: already claimed
+        handler.invalidateWork(1, bytes32(uint256(1))); // refused: already claimed
         handler.warp(2 days);
         handler.claim(2);
         handler.leavePool(2, 0);
@@ -375,10 +414,36 @@ contract HandlerSmokeTest is InvariantsBase {
             handler.tryUnauthorized(w, w, w);
         }
 
-        string[16] memory names = [
+        // Disputes, all in pool 2 (appeal period 1 day, vote period 1 hour, bond 1e18).
+        for (uint256 j = 6; j < 10; ++j) {
+            handler.recordWork(1, 3, 1, j); // records 5..8, BOB's node 3
+        }
+        assertEq(handler.recCount(), 9);
+        uint256 g = uint256(1) << 128; // guided: the handler picks a drawn juror
+        handler.invalidateWork(5, bytes32(uint256(1))); // accused
+        handler.appeal(5);
+        handler.vote(5, g, false);
+        handler.vote(5, g + 1, false); // two of three: overturned
+        assertTrue(handler.recAt(5).verdict == WorkLedger.Verdict.Overturned);
+        assertTrue(handler.recAt(5).status == WorkLedger.RecordStatus.Pending);
+        handler.invalidateWork(6, bytes32(uint256(1))); // accused, never appealed
+        handler.challenge(7, 0, bytes32("wrong")); // ALICE challenges BOB's record
+        handler.vote(7, g + 2, true);
+        handler.vote(7, g + 3, true); // upheld: BOB slashed, ALICE paid
+        assertTrue(handler.recAt(7).verdict == WorkLedger.Verdict.Upheld);
+        handler.challenge(8, 0, bytes32("maybe"));
+        handler.finalizeInvalidation(6); // refused: the appeal period is not over
+        handler.warp(2 hours);
+        handler.resolveLapsed(8); // nobody voted: lapsed, bonds back
+        assertTrue(handler.recAt(8).verdict == WorkLedger.Verdict.Lapsed);
+        handler.warp(1 days);
+        handler.finalizeInvalidation(6);
+        assertTrue(handler.recAt(6).status == WorkLedger.RecordStatus.Invalidated);
+
+        string[22] memory names = [
             "register", "stake", "unstake", "withdraw", "addNode", "removeNode", "joinPool", "leavePool",
-            "ejectNode", "blacklistNode", "recordWork", "invalidateWork", "claim", "fundPool",
-            "withdrawSurplus", "setBounty"
+            "ejectNode", "blacklistNode", "recordWork", "softInvalidate", "accuse", "claim", "fundPool",
+            "withdrawSurplus", "setBounty", "finalizeInvalidation", "appeal", "challenge", "vote", "resolveLapsed"
         ];
         for (uint256 i; i < names.length; ++i) {
             assertGt(handler.successCount(names[i]), 0, names[i]);
@@ -396,6 +461,7 @@ contract HandlerSmokeTest is InvariantsBase {
         _check_ledgerPoolAccounting();
         _check_reservedWithinFunds();
         _check_stakeBacksWork();
+        _check_disputes();
         _check_callsMatchModel();
         _check_membershipMatchesModel();
     }

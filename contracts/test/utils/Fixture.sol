@@ -34,6 +34,10 @@ abstract contract Fixture is Test {
     address internal constant BOB = address(0xB0);
     address internal constant CAROL = address(0xCA);
     address internal constant STRANGER = address(0x5757);
+    /// @dev Validators of every fixture pool besides VALIDATOR: its committees are drawn from these.
+    address internal constant JUROR1 = address(0x1A01);
+    address internal constant JUROR2 = address(0x1A02);
+    address internal constant JUROR3 = address(0x1A03);
 
     uint256 internal constant COORD_PK = 0xC0C0;
     uint256 internal constant OTHER_PK = 0xBADBAD;
@@ -49,7 +53,6 @@ abstract contract Fixture is Test {
     PoolManager internal pools;
     WorkLedger internal ledger;
 
-    bytes32 internal VALIDATOR_ROLE;
     bytes32 internal SLASHER_ROLE;
 
     uint256 internal _nextNonce = 1;
@@ -61,13 +64,11 @@ abstract contract Fixture is Test {
         registry = new ProviderRegistry(IERC20(address(token)), ADMIN, TREASURY, UNBONDING, STAKE_PER_CU, MIN_STAKE);
         pools = new PoolManager(registry);
         ledger = new WorkLedger(IERC20(address(token)), registry, pools);
-        VALIDATOR_ROLE = registry.VALIDATOR_ROLE();
         SLASHER_ROLE = registry.SLASHER_ROLE();
         vm.startPrank(ADMIN);
         registry.setPoolManager(pools);
         registry.setStakeLock(ledger);
         registry.grantRole(SLASHER_ROLE, address(ledger));
-        registry.grantRole(VALIDATOR_ROLE, VALIDATOR);
         vm.stopPrank();
         vm.label(address(token), "token");
         vm.label(address(registry), "registry");
@@ -166,9 +167,17 @@ abstract contract Fixture is Test {
         });
     }
 
+    /// @dev Creates a pool owned by POOL_OWNER with VALIDATOR and three jurors as its validators, an
+    /// appeal and a vote period of one day, committees of three, and no bond (tests of bonds set one).
     function _createPool(PoolManager.PoolParams memory p) internal returns (uint256 poolId) {
-        vm.prank(POOL_OWNER);
+        vm.startPrank(POOL_OWNER);
         poolId = pools.createPool(p);
+        pools.setDisputeTerms(poolId, PoolManager.DisputeTerms(1 days, 1 days, 3, 0, address(0)));
+        pools.addValidator(poolId, VALIDATOR);
+        pools.addValidator(poolId, JUROR1);
+        pools.addValidator(poolId, JUROR2);
+        pools.addValidator(poolId, JUROR3);
+        vm.stopPrank();
     }
 
     function _createActivePool(PoolManager.PoolParams memory p) internal returns (uint256 poolId) {
@@ -255,7 +264,17 @@ abstract contract Fixture is Test {
     }
 
     function _invalidate(uint256 poolId, bytes32 key) internal {
+        _slashNow(poolId, key, keccak256("evidence"));
+    }
+
+    /// @dev VALIDATOR hard-invalidates `key`, nobody appeals, and the invalidation is made final at the
+    /// end of the appeal period; the clock then goes back to where it was.
+    function _slashNow(uint256 poolId, bytes32 key, bytes32 evidence) internal {
+        uint256 t = block.timestamp;
         vm.prank(VALIDATOR);
-        ledger.invalidateWork(poolId, key, keccak256("evidence"));
+        ledger.invalidateWork(poolId, key, evidence, true);
+        vm.warp(ledger.getDispute(poolId, key).appealEnd);
+        ledger.finalizeInvalidation(poolId, key);
+        vm.warp(t);
     }
 }
