@@ -795,12 +795,20 @@ def work_show(s: Settings, pool_id: int, work_key: str) -> None:
 
     async def go() -> dict[str, Any]:
         async with await s.client(signer=False) as c:
-            return await ops.record(c, pool_id, work_key)
+            r = await ops.record(c, pool_id, work_key)
+            d = await ops.dispute(c, pool_id, work_key)
+            return r | {"dispute": d if d["kindName"] != "none" else None}
 
     r = run(go)
-    output(
-        s, r, f"{work_key}: {r['statusName']}, {r['units']} units, provider {r['provider']}, deadline {r['deadline']}"
-    )
+    line = f"{work_key}: {r['statusName']}, {r['units']} units, provider {r['provider']}, deadline {r['deadline']}"
+    d = r["dispute"]
+    if d is not None:
+        line += f"; {d['kindName']} by {d['accuser']}, {d['verdictName']}"
+        if d["kindName"] == "accusation" and d["verdictName"] == "open":
+            line += f" (appealable until {d['appealEnd']})"
+        elif d["verdictName"] == "open":
+            line += f" (vote until {d['voteEnd']}: {d['upheld']} uphold, {d['overturned']} overturn of {d['size']})"
+    output(s, r, line)
 
 
 # ---------------------------------------------------------------------------------------- validator
@@ -921,6 +929,8 @@ def audit_cmd(s: Settings, pool_id: int, node: str | None) -> None:
         )
         for sl in n["slashes"]:
             lines.append(f"    slash {tokens(sl['amount'])} for {sl['work_key']} by {sl['validator']} (tx {sl['tx']})")
+        for d in n.get("disputes", []):
+            lines.append(f"    {d['kind']} of {d['work_key']} by {d['by']}: {d['verdict']} (txs {', '.join(d['txs'])})")
     lines += [f"  MISMATCH: {m}" for m in rep.mismatches]
     output(s, rep.to_dict(), lines)
     if not rep.consistent:

@@ -57,6 +57,7 @@ class NodeLedger:
     claimed_tokens: int = 0
     slashed_tokens: int = 0
     slashes: list[dict[str, Any]] = field(default_factory=list)
+    disputes: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -279,18 +280,30 @@ def node_ledgers(rebuilt: Rebuilt, now: int) -> dict[str, NodeLedger]:
             n.invalidated_units += r.units
             n.invalidated_records += 1
             n.slashed_tokens += r.slashed
-            n.slashes.append(
-                {
-                    "work_key": r.work_key,
-                    "amount": r.slashed,
-                    "bounty": r.bounty,
-                    "validator": r.validator,
-                    "tx": r.settled_tx,
-                }
-            )
+            if not r.soft:
+                n.slashes.append(
+                    {
+                        "work_key": r.work_key,
+                        "amount": r.slashed,
+                        "bounty": r.bounty,
+                        "validator": r.validator,
+                        "tx": r.settled_tx,
+                    }
+                )
         elif r.status == "claimed":
             n.claimed_units += r.units
             n.claimed_tokens += r.reward
+        if r.dispute or r.soft:
+            n.disputes.append(
+                {
+                    "work_key": r.work_key,
+                    "kind": r.dispute or "soft invalidation",
+                    "by": r.validator,
+                    "verdict": r.verdict or "final",
+                    "evidence": r.evidence,
+                    "txs": r.dispute_txs,
+                }
+            )
     return out
 
 

@@ -145,26 +145,25 @@ contract GasScalingTest is GasBase {
     /// @dev appeal, drawCommittee, vote, challenge and finalizeInvalidation cost the same with 10 or
     /// 1,000 records in the pool.
     function test_gas_disputes_sameWith10Or1000Records() public {
-        _disputeGas(small, ALICE, BOB, smallKeys[0], smallKeys[1], smallKeys[2]); // warm-up
-        _disputeGas(large, BOB, ALICE, largeKeys[0], largeKeys[1], largeKeys[2]);
-        uint256[5] memory gs = _disputeGas(small, ALICE, BOB, smallKeys[3], smallKeys[4], smallKeys[5]);
-        uint256[5] memory gl = _disputeGas(large, BOB, ALICE, largeKeys[3], largeKeys[4], largeKeys[5]);
-        string[5] memory names = ["appeal", "drawCommittee", "vote", "challenge", "finalizeInvalidation"];
-        for (uint256 i; i < 5; ++i) {
+        _disputeGas(small, ALICE, BOB, [smallKeys[0], smallKeys[1], smallKeys[2], smallKeys[6]]); // warm-up
+        _disputeGas(large, BOB, ALICE, [largeKeys[0], largeKeys[1], largeKeys[2], largeKeys[6]]);
+        uint256[7] memory gs = _disputeGas(small, ALICE, BOB, [smallKeys[3], smallKeys[4], smallKeys[5], smallKeys[7]]);
+        uint256[7] memory gl = _disputeGas(large, BOB, ALICE, [largeKeys[3], largeKeys[4], largeKeys[5], largeKeys[7]]);
+        string[7] memory names =
+            ["appeal", "drawCommittee", "vote", "challenge", "finalizeInvalidation", "softInvalidate", "resolveLapsed"];
+        for (uint256 i; i < 7; ++i) {
             _assertSameGas(gs[i], gl[i], names[i]);
         }
     }
 
-    /// @dev Gas of: the provider's appeal of k1, the committee draw, a juror's vote, `challenger`'s
-    /// challenge of k2, and finalizing an unappealed invalidation of k3 (with its slash).
-    function _disputeGas(
-        uint256 poolId,
-        address provider,
-        address challenger,
-        bytes32 k1,
-        bytes32 k2,
-        bytes32 k3
-    ) internal returns (uint256[5] memory g) {
+    /// @dev Gas of: the provider's appeal of k[0], the committee draw, a juror's vote, `challenger`'s
+    /// challenge of k[1], finalizing an unappealed invalidation of k[2] (with its slash), a soft
+    /// invalidation of k[3], and closing the challenge of k[1] once its vote lapsed.
+    function _disputeGas(uint256 poolId, address provider, address challenger, bytes32[4] memory k)
+        internal
+        returns (uint256[7] memory g)
+    {
+        (bytes32 k1, bytes32 k2, bytes32 k3) = (k[0], k[1], k[2]);
         WorkLedger l = ledger;
         vm.startPrank(VALIDATOR);
         l.invalidateWork(poolId, k1, bytes32(0), true);
@@ -187,11 +186,18 @@ contract GasScalingTest is GasBase {
         g0 = gasleft();
         l.challenge(poolId, k2, bytes32(0));
         g[3] = g0 - gasleft();
+        vm.prank(VALIDATOR);
+        g0 = gasleft();
+        l.invalidateWork(poolId, k[3], bytes32(0), false);
+        g[5] = g0 - gasleft();
         uint256 t = block.timestamp;
         vm.warp(t + 1 days);
         g0 = gasleft();
         l.finalizeInvalidation(poolId, k3);
         g[4] = g0 - gasleft();
+        g0 = gasleft();
+        l.resolveLapsed(poolId, k2);
+        g[6] = g0 - gasleft();
         vm.warp(t);
     }
 

@@ -156,6 +156,7 @@ def _flow(url, tmp_path, monkeypatch, capsys):
 
     shown = cli.json("admin", "work", "show", "--pool", pid, "--key", keys[0])
     assert shown["statusName"] == "invalidated"
+    assert shown["dispute"]["kindName"] == "accusation" and shown["dispute"]["verdictName"] == "upheld"
 
     rep = cli.json("admin", "audit", "--pool", pid)
     assert rep["consistent"] is True, rep["mismatches"]
