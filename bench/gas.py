@@ -87,7 +87,7 @@ async def main(url: str) -> dict[str, float]:
     await ops.invalidate(v, pid, key(200), "0x" + "ee" * 32)
     out["gas_appeal"] = (await ops.appeal(p, pid, key(200))).gas_used
     await a.rpc.request("evm_mine", [])
-    out["gas_draw_committee"] = (await a.transact("WorkLedger", "drawCommittee", pid, key(200))).gas_used
+    out["gas_draw_committee"] = (await ops.draw_committee(a, pid, key(200))).gas_used
     drawn = [j for j in js if int(await a.call("WorkLedger", "jurorState", pid, key(200), j.address)) == 1]
     out["gas_vote"] = (await ops.vote(drawn[0], pid, key(200), False)).gas_used
     out["gas_vote_deciding"] = (await ops.vote(drawn[1], pid, key(200), False)).gas_used

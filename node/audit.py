@@ -156,7 +156,12 @@ def rebuild(
             if rec is None:
                 problems.append(f"work {key} disputed but never recorded (tx {e.tx_hash})")
                 continue
-            if rec.status != "pending" or rec.dispute:
+            # a validator's invalidation supersedes an open challenge: the challenge lapses in the same tx
+            superseding = (
+                rec.dispute == "challenge" and rec.verdict == "lapsed" and e.name != "WorkChallenged"
+                and rec.dispute_txs[-1:] == [e.tx_hash]
+            )  # fmt: skip
+            if rec.status != "pending" or (rec.dispute and not superseding):
                 problems.append(f"work {key} disputed while {rec.status} (tx {e.tx_hash})")
                 continue
             t = block_time.get(e.block_number)
@@ -187,7 +192,10 @@ def rebuild(
                 continue
             rec.verdict = ("open", "upheld", "overturned", "lapsed")[int(a["verdict"])]
             rec.dispute_txs.append(e.tx_hash)
-            if rec.verdict in ("overturned", "lapsed"):
+            if rec.verdict == "lapsed" and rec.dispute == "appeal":
+                rec.status, rec.soft, rec.settled_tx = "invalidated", True, e.tx_hash  # revoked, not slashed
+                totals.invalidated_units += rec.units
+            elif rec.verdict in ("overturned", "lapsed"):
                 rec.status = "pending"
             elif rec.status != "invalidated":
                 problems.append(f"work {a['workKey']}: upheld without an invalidation (tx {e.tx_hash})")

@@ -335,8 +335,9 @@ async def appeal(c: ChainClient, pool_id: int, work_key: str) -> Receipt:
 
 
 async def challenge(c: ChainClient, pool_id: int, work_key: str, evidence: str) -> Receipt:
-    if int(await c.call("ProviderRegistry", "stakeOf", c.address)) == 0:
-        raise ChainError(f"{c.address} has no stake", "only staked providers may challenge work")
+    need = max(int((await c.call("PoolManager", "poolTerms", pool_id))["minStake"]), 1)
+    if int(await c.call("ProviderRegistry", "stakeOf", c.address)) < need:
+        raise ChainError(f"{c.address} stakes less than pool {pool_id}'s minimum", "stake at least that to challenge")
     await _bond(c, pool_id, "the challenge bond")
     return await c.transact(
         "WorkLedger",
@@ -345,6 +346,17 @@ async def challenge(c: ChainClient, pool_id: int, work_key: str, evidence: str) 
         bytes32(work_key, "work key"),
         bytes32(evidence, "evidence hash"),
         what="challenge",
+    )
+
+
+async def draw_committee(c: ChainClient, pool_id: int, work_key: str, opened_at: int | None = None) -> Receipt:
+    """Draw the committee of an appeal or a challenge, from the pool's validators as they were when it
+    opened (read at block `opened_at`, the block of its `WorkAppealed` / `WorkChallenged` event; None:
+    the current set, right when nothing changed since)."""
+    tag = hex(opened_at) if opened_at is not None else "latest"
+    validators = list(await c.call("PoolManager", "validatorsOf", pool_id, block=tag))
+    return await c.transact(
+        "WorkLedger", "drawCommittee", pool_id, bytes32(work_key, "work key"), validators, what="committee draw"
     )
 
 

@@ -76,6 +76,7 @@ CREATE INDEX IF NOT EXISTS checks_status ON checks(status);
 CREATE TABLE IF NOT EXISTS duties (
     work_key TEXT PRIMARY KEY,              -- an appeal or a challenge in this pool
     kind TEXT NOT NULL,
+    block INTEGER NOT NULL DEFAULT 0,       -- where it opened: its committee comes from the validators then
     status TEXT NOT NULL DEFAULT 'open',    -- open | voted | not-drawn | closed
     vote TEXT,
     tx TEXT
@@ -112,6 +113,7 @@ class Validator:
         self.metrics = metrics
         self.store = Store(cfg.data_dir / "validator.db", SCHEMA)
         self.store.add_column("checks", "errors", "INTEGER NOT NULL DEFAULT 0")
+        self.store.add_column("duties", "block", "INTEGER NOT NULL DEFAULT 0")
         self.evidence_dir = cfg.data_dir / "evidence"
         self.evidence_dir.mkdir(parents=True, exist_ok=True)
         secret = self.store.get("sampling_secret")
@@ -512,8 +514,8 @@ class Validator:
         if got is not None:
             events, move = got
             stmts = [
-                ("INSERT OR IGNORE INTO duties(work_key, kind) VALUES(?, ?)",
-                 (str(ev.args["workKey"]), "appeal" if ev.name == "WorkAppealed" else "challenge"))
+                ("INSERT OR IGNORE INTO duties(work_key, kind, block) VALUES(?, ?, ?)",
+                 (str(ev.args["workKey"]), "appeal" if ev.name == "WorkAppealed" else "challenge", ev.block_number))
                 for ev in events
             ]  # fmt: skip
             self.store.execute_many(stmts + move)
@@ -524,7 +526,7 @@ class Validator:
                 self.store.execute("UPDATE duties SET status = 'closed' WHERE work_key = ?", (key,))
                 continue
             if not d["drawn"]:
-                await c.transact("WorkLedger", "drawCommittee", pool, key, what="committee draw")
+                await ops.draw_committee(c, pool, key, int(row["block"]) or None)
                 d = await ops.dispute(c, pool, key)
                 if not d["drawn"]:
                     continue  # its seed block is not mined yet, or the draw was committed anew

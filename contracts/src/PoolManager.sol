@@ -108,9 +108,12 @@ contract PoolManager is IPoolMembership, EIP712 {
     mapping(uint256 => DisputeTerms) private _disputeTerms;
     mapping(uint256 => address[]) private _validators;
     mapping(uint256 => mapping(address => uint256)) private _validatorSlot; // index + 1
-    /// @notice Bumped whenever a pool's validator set changes (a committee draw must see the set it
-    /// was committed against).
-    mapping(uint256 => uint64) public validatorEpoch;
+    /// @notice keccak256(abi.encode(validators)) of each pool's current validator set. A dispute keeps
+    /// the hash of the set it opened under and its committee is drawn from exactly that set, so the
+    /// owner cannot pick a committee by editing the set afterwards.
+    mapping(uint256 => bytes32) public validatorSetHash;
+    /// @notice Longest appeal or vote period a pool may set (a period locks its providers' stake).
+    uint64 public constant MAX_DISPUTE_PERIOD = 90 days;
 
     event PoolCreated(
         uint256 indexed poolId,
@@ -193,6 +196,7 @@ contract PoolManager is IPoolMembership, EIP712 {
             arbiter: address(0)
         });
         _disputeTerms[poolId] = d;
+        validatorSetHash[poolId] = keccak256(abi.encode(new address[](0)));
         emit PoolCreated(
             poolId,
             msg.sender,
@@ -215,6 +219,7 @@ contract PoolManager is IPoolMembership, EIP712 {
         if (p.status != Status.Created) revert WrongPoolStatus(poolId, p.status, Status.Created);
         if (d.appealPeriod == 0 || d.votePeriod == 0 || d.committeeSize == 0) revert BadDisputeTerms();
         if (d.committeeSize > MAX_POOL_VALIDATORS) revert BadDisputeTerms();
+        if (d.appealPeriod > MAX_DISPUTE_PERIOD || d.votePeriod > MAX_DISPUTE_PERIOD) revert BadDisputeTerms();
         _disputeTerms[poolId] = d;
         emit DisputeTermsSet(poolId, d.appealPeriod, d.votePeriod, d.committeeSize, d.bond, d.arbiter);
     }
@@ -229,7 +234,7 @@ contract PoolManager is IPoolMembership, EIP712 {
         if (vs.length >= MAX_POOL_VALIDATORS) revert TooManyValidators(poolId, MAX_POOL_VALIDATORS);
         vs.push(validator);
         _validatorSlot[poolId][validator] = vs.length;
-        validatorEpoch[poolId] += 1;
+        validatorSetHash[poolId] = keccak256(abi.encode(vs));
         emit ValidatorAdded(poolId, validator);
     }
 
@@ -244,7 +249,7 @@ contract PoolManager is IPoolMembership, EIP712 {
         _validatorSlot[poolId][last] = slot;
         vs.pop();
         delete _validatorSlot[poolId][validator];
-        validatorEpoch[poolId] += 1;
+        validatorSetHash[poolId] = keccak256(abi.encode(vs));
         emit ValidatorRemoved(poolId, validator);
     }
 

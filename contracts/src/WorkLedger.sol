@@ -52,7 +52,8 @@ contract WorkLedger is IStakeLock {
         Lapsed
     }
 
-    /// @notice One dispute per record (a record is disputed at most once), two slots.
+    /// @notice A record's dispute, three slots. A record is disputed once, except that a validator's
+    /// invalidation may supersede an open challenge (which ends with the challenger's bond back).
     struct Dispute {
         address accuser;
         uint40 appealEnd;
@@ -60,11 +61,11 @@ contract WorkLedger is IStakeLock {
         Verdict verdict;
         uint40 voteEnd;
         uint64 drawBlock;
-        uint64 epoch;
         uint8 size;
         uint8 upheld;
         uint8 overturned;
         bool drawn;
+        bytes32 validatorSet;
     }
 
     /// @notice One work record, packed in one slot.
@@ -105,8 +106,10 @@ contract WorkLedger is IStakeLock {
     mapping(uint256 => PoolAccount) private _accounts;
     mapping(address => uint64) private _lockedUntil;
     mapping(bytes32 => Dispute) private _disputes;
-    /// @dev Per record key: 1 drawn for its committee, 2 has voted.
+    /// @dev Per committee (record key and its seed block): 1 drawn, 2 has voted.
     mapping(bytes32 => mapping(address => uint8)) private _jurors;
+    /// @dev Open disputes per provider: while any is open its stake cannot be withdrawn at all.
+    mapping(address => uint256) private _openDisputes;
 
     /// @notice Bonds held for open disputes (the ledger's balance is the budgets plus this).
     uint256 public bondsHeld;
@@ -194,6 +197,8 @@ contract WorkLedger is IStakeLock {
     error NotJuror(bytes32 workKey, address caller);
     error NotChallenger(address caller);
     error OwnWork(bytes32 workKey);
+    error WrongValidatorSet(bytes32 workKey, bytes32 expected);
+    error CommitteeNotDrawn(bytes32 workKey);
     error AlreadySettled(bytes32 workKey, RecordStatus status);
     error DeadlinePassed(bytes32 workKey, uint40 deadline, uint64 nowTime);
     error NotRecordProvider(bytes32 workKey, address provider, address caller);
@@ -278,8 +283,18 @@ contract WorkLedger is IStakeLock {
     function invalidateWork(uint256 poolId, bytes32 workKey, bytes32 evidenceHash, bool hard) external {
         if (!pools.isPoolValidator(poolId, msg.sender)) revert NotValidator(poolId, msg.sender);
         bytes32 rk = _key(poolId, workKey);
-        Record storage r = _open(poolId, rk, workKey);
+        Record storage r = _records[rk];
+        Dispute storage x = _disputes[rk];
+        if (r.status == RecordStatus.Disputed && x.kind == DisputeKind.Challenge && x.verdict == Verdict.Open) {
+            // A validator's verdict supersedes an open challenge (a sybil's challenge must not shield a
+            // record from the pool's validators): the challenger gets its bond back.
+            if (block.timestamp >= r.deadline) revert DeadlinePassed(workKey, r.deadline, uint64(block.timestamp));
+            _supersede(poolId, workKey, r, x);
+        } else {
+            _open(poolId, rk, workKey);
+        }
         address provider = r.provider;
+        if (provider == msg.sender) revert OwnWork(workKey);
         if (!hard) {
             r.status = RecordStatus.Invalidated;
             uint48 units = r.units;
@@ -299,12 +314,13 @@ contract WorkLedger is IStakeLock {
             verdict: Verdict.Open,
             voteEnd: 0,
             drawBlock: 0,
-            epoch: 0,
             size: 0,
             upheld: 0,
             overturned: 0,
-            drawn: false
+            drawn: false,
+            validatorSet: bytes32(0)
         });
+        _openDisputes[provider] += 1;
         // The stake stays until an appeal filed at the last moment has been decided.
         _lock(provider, _at(uint256(appealEnd) + d.votePeriod));
         _takeBond(d.bond);
@@ -342,7 +358,8 @@ contract WorkLedger is IStakeLock {
     /// the pool's arbiter) decides: upheld, the record is invalidated, its provider slashed and the
     /// challenger paid the bounty; overturned, the challenger's bond goes to the record's provider.
     function challenge(uint256 poolId, bytes32 workKey, bytes32 evidenceHash) external {
-        if (registry.stakeOf(msg.sender) == 0) revert NotChallenger(msg.sender);
+        uint256 minStake = pools.poolTerms(poolId).minStake;
+        if (registry.stakeOf(msg.sender) < (minStake == 0 ? 1 : minStake)) revert NotChallenger(msg.sender);
         bytes32 rk = _key(poolId, workKey);
         Record storage r = _open(poolId, rk, workKey);
         address provider = r.provider;
@@ -353,34 +370,32 @@ contract WorkLedger is IStakeLock {
         x.accuser = msg.sender;
         x.kind = DisputeKind.Challenge;
         _openVote(poolId, x, d);
+        _openDisputes[provider] += 1;
         _lock(provider, x.voteEnd);
         _takeBond(d.bond);
         emit WorkChallenged(poolId, workKey, msg.sender, provider, evidenceHash, x.voteEnd, d.bond);
     }
 
-    /// @notice Draws the committee of an appeal or a challenge from the pool's validators, seeded by the
-    /// hash of a block mined after the dispute opened (nobody could know it then). If that block is too
-    /// old for its hash, or the pool's validator set changed since, a later block is committed to
-    /// instead. Anyone; `vote` also draws when needed.
-    function drawCommittee(uint256 poolId, bytes32 workKey) public {
+    /// @notice Draws the committee of an appeal or a challenge, seeded by the hash of a block mined after
+    /// the dispute opened (nobody could know it then), from the pool's validators as they were when it
+    /// opened: `validators` must be that set (its hash is kept; `validatorsOf` at the opening block).
+    /// If the seed block is too old for its hash, a later block is committed to instead. Anyone.
+    function drawCommittee(uint256 poolId, bytes32 workKey, address[] calldata validators) external {
         bytes32 rk = _key(poolId, workKey);
         Dispute storage x = _disputes[rk];
-        if ((x.kind != DisputeKind.Appeal && x.kind != DisputeKind.Challenge) || x.verdict != Verdict.Open) {
-            revert NotDisputed(workKey, x.kind);
-        }
+        _voting(x, workKey);
         if (x.drawn) return;
+        if (keccak256(abi.encode(validators)) != x.validatorSet) revert WrongValidatorSet(workKey, x.validatorSet);
         if (block.number <= x.drawBlock) return; // its hash is not known yet
         bytes32 h = blockhash(x.drawBlock);
-        uint64 epoch = pools.validatorEpoch(poolId);
-        if (h == bytes32(0) || epoch != x.epoch) {
+        if (h == bytes32(0)) {
             x.drawBlock = uint64(block.number);
-            x.epoch = epoch;
             emit CommitteeRedraw(poolId, workKey, x.drawBlock);
             return;
         }
-        address[] memory vs = pools.validatorsOf(poolId);
+        address[] memory vs = validators;
         address provider = _records[rk].provider;
-        // Candidates: every pool validator except the two parties.
+        // Candidates: every validator of the set except the two parties.
         uint256 n;
         for (uint256 i; i < vs.length; ++i) {
             if (vs[i] != x.accuser && vs[i] != provider) vs[n++] = vs[i];
@@ -389,38 +404,41 @@ contract WorkLedger is IStakeLock {
         if (k > n) k = n;
         address[] memory members = new address[](k);
         uint256 seed = uint256(keccak256(abi.encode(h, rk)));
+        bytes32 ck = _committee(rk, x.drawBlock);
         for (uint256 i; i < k; ++i) {
             // Partial Fisher-Yates: pick from the candidates not yet picked.
             uint256 j = i + uint256(keccak256(abi.encode(seed, i))) % (n - i);
             (vs[i], vs[j]) = (vs[j], vs[i]);
             members[i] = vs[i];
-            _jurors[rk][vs[i]] = 1;
+            _jurors[ck][vs[i]] = 1;
         }
         x.size = uint8(k);
         x.drawn = true;
         emit CommitteeDrawn(poolId, workKey, members);
     }
 
-    /// @notice A committee member (or the pool's arbiter) votes on an appeal or a challenge before the
-    /// vote period ends: `uphold` keeps the invalidation (slash), otherwise it is overturned. A majority
-    /// of the committee decides at once; the arbiter's vote decides alone.
+    /// @notice A drawn committee member who is still one of the pool's validators (or the pool's
+    /// arbiter, unless it is a party) votes on an appeal or a challenge before the vote period ends:
+    /// `uphold` keeps the invalidation (slash), otherwise it is overturned. A majority of the committee
+    /// decides at once; the arbiter's vote decides alone. The committee must be drawn first.
     function vote(uint256 poolId, bytes32 workKey, bool uphold) external {
         bytes32 rk = _key(poolId, workKey);
         Dispute storage x = _disputes[rk];
-        if ((x.kind != DisputeKind.Appeal && x.kind != DisputeKind.Challenge) || x.verdict != Verdict.Open) {
-            revert NotDisputed(workKey, x.kind);
-        }
+        _voting(x, workKey);
         if (block.timestamp >= x.voteEnd) revert VotePeriodOver(workKey, x.voteEnd);
         address arbiter = pools.disputeTerms(poolId).arbiter;
-        if (arbiter != address(0)) {
+        if (arbiter != address(0) && arbiter != x.accuser && arbiter != _records[rk].provider) {
             if (msg.sender != arbiter) revert NotJuror(workKey, msg.sender);
             emit Voted(poolId, workKey, msg.sender, uphold);
             _resolve(poolId, workKey, rk, x, uphold ? Verdict.Upheld : Verdict.Overturned);
             return;
         }
-        drawCommittee(poolId, workKey);
-        if (_jurors[rk][msg.sender] != 1) revert NotJuror(workKey, msg.sender);
-        _jurors[rk][msg.sender] = 2;
+        if (!x.drawn) revert CommitteeNotDrawn(workKey);
+        bytes32 ck = _committee(rk, x.drawBlock);
+        if (_jurors[ck][msg.sender] != 1 || !pools.isPoolValidator(poolId, msg.sender)) {
+            revert NotJuror(workKey, msg.sender);
+        }
+        _jurors[ck][msg.sender] = 2;
         emit Voted(poolId, workKey, msg.sender, uphold);
         uint256 half = uint256(x.size) / 2;
         if (uphold) {
@@ -430,14 +448,13 @@ contract WorkLedger is IStakeLock {
         }
     }
 
-    /// @notice Closes an appeal or a challenge whose vote period ended without a majority: no slash,
-    /// every bond back, the record pending again. Anyone.
+    /// @notice Closes an appeal or a challenge whose vote period ended without a majority: nobody is
+    /// slashed and every bond goes back. A lapsed appeal leaves the record revoked (the accused work is
+    /// not paid without a decision for it); a lapsed challenge leaves it pending. Anyone.
     function resolveLapsed(uint256 poolId, bytes32 workKey) external {
         bytes32 rk = _key(poolId, workKey);
         Dispute storage x = _disputes[rk];
-        if ((x.kind != DisputeKind.Appeal && x.kind != DisputeKind.Challenge) || x.verdict != Verdict.Open) {
-            revert NotDisputed(workKey, x.kind);
-        }
+        _voting(x, workKey);
         if (block.timestamp < x.voteEnd) revert VotePeriodNotOver(workKey, x.voteEnd);
         _resolve(poolId, workKey, rk, x, Verdict.Lapsed);
     }
@@ -529,11 +546,14 @@ contract WorkLedger is IStakeLock {
     /// @notice Whether `who` sits on the committee of the record's dispute (drawn, not yet voted: 1;
     /// voted: 2; else 0).
     function jurorState(uint256 poolId, bytes32 workKey, address who) external view returns (uint8) {
-        return _jurors[_key(poolId, workKey)][who];
+        bytes32 rk = _key(poolId, workKey);
+        return _jurors[_committee(rk, _disputes[rk].drawBlock)][who];
     }
 
     /// @inheritdoc IStakeLock
+    /// @dev While any dispute of the provider is open, for ever (until it is resolved).
     function lockedUntil(address provider) external view returns (uint64) {
+        if (_openDisputes[provider] != 0) return type(uint64).max;
         return _lockedUntil[provider];
     }
 
@@ -576,7 +596,7 @@ contract WorkLedger is IStakeLock {
     function _openVote(uint256 poolId, Dispute storage x, PoolManager.DisputeTerms memory d) private {
         x.voteEnd = _at(block.timestamp + d.votePeriod);
         x.drawBlock = uint64(block.number);
-        x.epoch = pools.validatorEpoch(poolId);
+        x.validatorSet = pools.validatorSetHash(poolId);
     }
 
     /// @dev Ends a dispute: moves the record, the units, the stake and the bonds.
@@ -585,6 +605,7 @@ contract WorkLedger is IStakeLock {
         Record storage r = _records[rk];
         address provider = r.provider;
         address accuser = x.accuser;
+        _openDisputes[provider] -= 1;
         uint256 bond = pools.disputeTerms(poolId).bond;
         // Bonds put up: the accuser's always, the provider's when it appealed.
         uint256 held = x.kind == DisputeKind.Appeal ? 2 * bond : bond;
@@ -598,7 +619,14 @@ contract WorkLedger is IStakeLock {
             bondsTo = provider;
             if (held != 0) token.safeTransfer(provider, held);
         } else {
-            r.status = RecordStatus.Pending;
+            if (x.kind == DisputeKind.Appeal) {
+                r.status = RecordStatus.Invalidated; // revoked, not slashed
+                PoolAccount storage a = _accounts[poolId];
+                a.pendingUnits -= r.units;
+                a.invalidatedUnits += r.units;
+            } else {
+                r.status = RecordStatus.Pending;
+            }
             if (bond != 0) {
                 token.safeTransfer(accuser, bond);
                 if (x.kind == DisputeKind.Appeal) token.safeTransfer(provider, bond);
@@ -619,6 +647,31 @@ contract WorkLedger is IStakeLock {
         address provider = r.provider;
         (uint256 slashed, uint256 bounty) = registry.slash(provider, pools.poolTerms(poolId).slashAmount, accuser, workKey);
         emit WorkInvalidated(poolId, workKey, accuser, provider, units, bytes32(0), slashed, bounty);
+    }
+
+    /// @dev An open challenge ends because a validator acts on its record: bond back, no verdict on it.
+    function _supersede(uint256 poolId, bytes32 workKey, Record storage r, Dispute storage x) private {
+        address challenger = x.accuser;
+        uint256 bond = pools.disputeTerms(poolId).bond;
+        x.verdict = Verdict.Lapsed;
+        _openDisputes[r.provider] -= 1;
+        bondsHeld -= bond;
+        r.status = RecordStatus.Pending;
+        if (bond != 0) token.safeTransfer(challenger, bond);
+        emit DisputeResolved(poolId, workKey, Verdict.Lapsed, DisputeKind.Challenge, challenger, r.provider, address(0), bond);
+    }
+
+    /// @dev Reverts unless `x` is an open appeal or challenge.
+    function _voting(Dispute storage x, bytes32 workKey) private view {
+        if ((x.kind != DisputeKind.Appeal && x.kind != DisputeKind.Challenge) || x.verdict != Verdict.Open) {
+            revert NotDisputed(workKey, x.kind);
+        }
+    }
+
+    /// @dev The key of one committee: a record's, seeded at `drawBlock` (a superseded challenge's
+    /// committee is another one).
+    function _committee(bytes32 rk, uint64 drawBlock) private pure returns (bytes32) {
+        return keccak256(abi.encode(rk, drawBlock));
     }
 
     function _takeBond(uint256 bond) private {

@@ -55,7 +55,7 @@ contract DisputesTest is Fixture {
     /// @dev The committee of `k`'s dispute, after the block its seed commits to.
     function _committee(bytes32 k) internal returns (address[] memory members) {
         vm.roll(block.number + 1);
-        ledger.drawCommittee(poolId, k);
+        ledger.drawCommittee(poolId, k, pools.validatorsOf(poolId));
         address[4] memory all = [VALIDATOR, JUROR1, JUROR2, JUROR3];
         uint256 n;
         members = new address[](3);
@@ -92,10 +92,11 @@ contract DisputesTest is Fixture {
         vm.expectRevert(abi.encodeWithSelector(PoolManager.AlreadyValidator.selector, poolId, address(0x77)));
         vm.prank(POOL_OWNER);
         pools.addValidator(poolId, address(0x77));
-        uint64 epoch = pools.validatorEpoch(poolId);
+        bytes32 before = pools.validatorSetHash(poolId);
         vm.prank(POOL_OWNER);
         pools.removeValidator(poolId, JUROR1);
-        assertEq(pools.validatorEpoch(poolId), epoch + 1);
+        assertTrue(pools.validatorSetHash(poolId) != before);
+        assertEq(pools.validatorSetHash(poolId), keccak256(abi.encode(pools.validatorsOf(poolId))));
         assertFalse(pools.isPoolValidator(poolId, JUROR1));
         assertTrue(pools.isPoolValidator(poolId, address(0x77)));
         assertEq(pools.validatorsOf(poolId).length, 4);
@@ -154,7 +155,7 @@ contract DisputesTest is Fixture {
         assertEq(registry.getProvider(ALICE).slashed, 0);
         assertEq(token.balanceOf(VALIDATOR), 1_000e18 - BOND);
         assertEq(ledger.bondsHeld(), BOND);
-        assertEq(ledger.lockedUntil(ALICE), T0 + 2 days, "appeal end + vote period");
+        assertEq(ledger.lockedUntil(ALICE), type(uint64).max, "locked while the dispute is open");
         vm.expectRevert(
             abi.encodeWithSelector(WorkLedger.AlreadySettled.selector, k, WorkLedger.RecordStatus.Disputed)
         );
@@ -242,8 +243,10 @@ contract DisputesTest is Fixture {
         _vote(k, c[1], true);
     }
 
-    /// @dev No majority within the vote period: no slash, every bond back, the record pending again.
-    function test_aLapsedVoteSlashesNobody() public {
+    /// @dev No majority within the vote period: no slash and every bond back; the appealed record is
+    /// revoked (attack from the review: an appellant that withholds its file so that nobody can vote
+    /// must not be paid for the accused work).
+    function test_aLapsedAppealSlashesNobodyAndPaysNothing() public {
         bytes32 k = _recordOne(poolId, node1, 5);
         _accuse(k);
         _appeal(k);
@@ -256,28 +259,123 @@ contract DisputesTest is Fixture {
         assertEq(token.balanceOf(ALICE), aliceBefore + BOND);
         assertEq(token.balanceOf(VALIDATOR), 1_000e18);
         assertEq(registry.getProvider(ALICE).slashed, 0);
-        assertEq(_claim(poolId, ALICE, k), 5 * uint256(RATE));
+        assertTrue(ledger.getRecord(poolId, k).status == WorkLedger.RecordStatus.Invalidated);
+        assertEq(uint256(ledger.poolAccount(poolId).invalidatedUnits), 5);
     }
 
-    /// @dev The committee is drawn from a block hash nobody knew when the dispute opened; a change of
-    /// the validator set before the draw commits to a later block instead, so the owner cannot pick
-    /// the committee by editing the set once the hash is known.
-    function test_aValidatorSetChangeForcesARedraw() public {
+    /// @dev Attack from the review: a sybil with a little stake challenges a record to shield it from
+    /// the pool's validators. A validator's invalidation supersedes the challenge.
+    function test_aValidatorSupersedesAnOpenChallenge() public {
+        bytes32 k = _recordOne(poolId, node1, 5);
+        uint256 bobBefore = token.balanceOf(BOB);
+        vm.prank(BOB);
+        ledger.challenge(poolId, k, bytes32("shield"));
+        _accuse(k);
+        assertEq(token.balanceOf(BOB), bobBefore, "the challenger's bond back");
+        WorkLedger.Dispute memory x = ledger.getDispute(poolId, k);
+        assertTrue(x.kind == WorkLedger.DisputeKind.Accusation && x.accuser == VALIDATOR);
+        assertEq(ledger.bondsHeld(), BOND);
+        vm.warp(T0 + 1 days);
+        ledger.finalizeInvalidation(poolId, k);
+        assertEq(registry.getProvider(ALICE).slashed, SLASH);
+    }
+
+    function test_aValidatorCannotInvalidateItsOwnWork() public {
+        vm.prank(POOL_OWNER);
+        pools.addValidator(poolId, ALICE);
+        bytes32 k = _recordOne(poolId, node1, 5);
+        vm.expectRevert(abi.encodeWithSelector(WorkLedger.OwnWork.selector, k));
+        vm.prank(ALICE);
+        ledger.invalidateWork(poolId, k, bytes32(0), false);
+    }
+
+    /// @dev While a dispute of the provider is open its stake cannot leave at all, even after the
+    /// lock's time (attack from the review: nobody finalizes in time, the provider withdraws first).
+    function test_anOpenDisputeLocksTheStakeUntilItIsResolved() public {
+        bytes32 k = _recordOne(poolId, node1, 5);
+        _accuse(k);
+        assertEq(ledger.lockedUntil(ALICE), type(uint64).max);
+        vm.startPrank(ALICE);
+        pools.leavePool(poolId, node1);
+        registry.removeNode(node1);
+        registry.unstake(150e18);
+        vm.stopPrank();
+        vm.warp(T0 + 30 days);
+        vm.expectRevert(
+            abi.encodeWithSelector(ProviderRegistry.StakeLocked.selector, type(uint64).max, T0 + 30 days)
+        );
+        vm.prank(ALICE);
+        registry.withdraw();
+        ledger.finalizeInvalidation(poolId, k);
+        assertEq(ledger.lockedUntil(ALICE), T0 + 2 days);
+        vm.prank(ALICE);
+        registry.withdraw();
+    }
+
+    function test_anArbiterThatIsAPartyLeavesItToTheCommittee() public {
+        uint256 id = _pool(VALIDATOR); // the arbiter is also the accuser below
+        address n = _member(id, CAROL, NODE2_PK, 200e18);
+        _give(CAROL, BOND);
+        bytes32 k = _recordOne(id, n, 5);
+        vm.prank(VALIDATOR);
+        ledger.invalidateWork(id, k, bytes32(0), true);
+        vm.prank(CAROL);
+        ledger.appeal(id, k);
+        vm.expectRevert(abi.encodeWithSelector(WorkLedger.CommitteeNotDrawn.selector, k));
+        vm.prank(VALIDATOR);
+        ledger.vote(id, k, true);
+    }
+
+    function test_disputePeriodsAreCapped() public {
+        uint256 id = _createPool(_params());
+        vm.expectRevert(PoolManager.BadDisputeTerms.selector);
+        vm.prank(POOL_OWNER);
+        pools.setDisputeTerms(id, PoolManager.DisputeTerms(91 days, 1 days, 3, 0, address(0)));
+    }
+
+    /// @dev Attack from the review: after an appeal the owner swaps honest validators for its own. The
+    /// committee is drawn from the set the dispute opened under, whatever the set is now.
+    function test_aValidatorSetChangeCannotSteerTheCommittee() public {
         bytes32 k = _recordOne(poolId, node1, 5);
         _accuse(k);
         _appeal(k);
-        vm.roll(block.number + 1);
-        vm.prank(POOL_OWNER);
+        address[] memory atOpening = pools.validatorsOf(poolId);
+        vm.startPrank(POOL_OWNER);
+        pools.removeValidator(poolId, JUROR1);
+        pools.removeValidator(poolId, JUROR2);
         pools.addValidator(poolId, address(0xCAFE));
-        ledger.drawCommittee(poolId, k);
+        vm.stopPrank();
+        vm.roll(block.number + 1);
+        address[] memory now_ = pools.validatorsOf(poolId);
+        bytes32 expected = keccak256(abi.encode(atOpening));
+        vm.expectRevert(abi.encodeWithSelector(WorkLedger.WrongValidatorSet.selector, k, expected));
+        ledger.drawCommittee(poolId, k, now_);
+        ledger.drawCommittee(poolId, k, atOpening);
+        assertTrue(ledger.getDispute(poolId, k).drawn);
+        assertEq(ledger.jurorState(poolId, k, address(0xCAFE)), 0);
+        // A drawn juror the owner removed since cannot vote.
+        vm.expectRevert(abi.encodeWithSelector(WorkLedger.NotJuror.selector, k, JUROR1));
+        _vote(k, JUROR1, true);
+    }
+
+    /// @dev A seed block too old for its hash (256 blocks) is replaced by a later one; nothing is drawn
+    /// before the seed block has a successor, and nobody votes before the draw.
+    function test_aStaleSeedBlockIsCommittedAnew() public {
+        bytes32 k = _recordOne(poolId, node1, 5);
+        _accuse(k);
+        _appeal(k);
+        address[] memory vs = pools.validatorsOf(poolId);
+        ledger.drawCommittee(poolId, k, vs); // same block: nothing yet
+        assertFalse(ledger.getDispute(poolId, k).drawn);
+        vm.expectRevert(abi.encodeWithSelector(WorkLedger.CommitteeNotDrawn.selector, k));
+        _vote(k, JUROR1, true);
+        vm.roll(block.number + 300);
+        ledger.drawCommittee(poolId, k, vs);
         WorkLedger.Dispute memory x = ledger.getDispute(poolId, k);
         assertFalse(x.drawn);
         assertEq(uint256(x.drawBlock), block.number);
-        // Nothing happens before that block has a successor.
-        ledger.drawCommittee(poolId, k);
-        assertFalse(ledger.getDispute(poolId, k).drawn);
         vm.roll(block.number + 1);
-        ledger.drawCommittee(poolId, k);
+        ledger.drawCommittee(poolId, k, vs);
         assertTrue(ledger.getDispute(poolId, k).drawn);
         assertEq(uint256(ledger.getDispute(poolId, k).size), 3);
     }
@@ -292,7 +390,7 @@ contract DisputesTest is Fixture {
             vm.prank(BOB);
             ledger.challenge(poolId, k, bytes32(i));
             vm.roll(block.number + 1 + i);
-            ledger.drawCommittee(poolId, k);
+            ledger.drawCommittee(poolId, k, pools.validatorsOf(poolId));
             for (uint256 j; j < 4; ++j) {
                 if (ledger.jurorState(poolId, k, all[j]) == 1) seen[j]++;
             }
@@ -331,7 +429,7 @@ contract DisputesTest is Fixture {
         vm.prank(BOB);
         ledger.challenge(poolId, k, keccak256("chunk 3 fails"));
         assertEq(token.balanceOf(BOB), bobBefore - BOND);
-        assertEq(ledger.lockedUntil(ALICE), T0 + 1 days);
+        assertEq(ledger.lockedUntil(ALICE), type(uint64).max);
         address[] memory c = _committee(k);
         _vote(k, c[0], true);
         _vote(k, c[1], true);
@@ -358,6 +456,13 @@ contract DisputesTest is Fixture {
         vm.expectRevert(abi.encodeWithSelector(WorkLedger.NotChallenger.selector, STRANGER));
         vm.prank(STRANGER);
         ledger.challenge(poolId, k, bytes32(0));
+        // A stake below the pool's minimum is not enough (sybils would challenge for free).
+        _registerProvider(CAROL, 100e18);
+        vm.prank(CAROL);
+        registry.unstake(90e18);
+        vm.expectRevert(abi.encodeWithSelector(WorkLedger.NotChallenger.selector, CAROL));
+        vm.prank(CAROL);
+        ledger.challenge(poolId, k, bytes32(0));
         vm.expectRevert(abi.encodeWithSelector(WorkLedger.OwnWork.selector, k));
         vm.prank(ALICE);
         ledger.challenge(poolId, k, bytes32(0));
@@ -383,18 +488,22 @@ contract DisputesTest is Fixture {
         vm.prank(VALIDATOR);
         ledger.invalidateWork(id, k, bytes32(0), true);
         uint64 until = uint64(T0 + 10 days);
-        assertEq(ledger.lockedUntil(CAROL), until);
+        assertEq(ledger.lockedUntil(CAROL), type(uint64).max);
         vm.startPrank(CAROL);
         pools.leavePool(id, n);
         registry.removeNode(n);
         registry.unstake(100e18);
         vm.stopPrank();
         vm.warp(T0 + UNBONDING + 1);
-        vm.expectRevert(abi.encodeWithSelector(ProviderRegistry.StakeLocked.selector, until, T0 + UNBONDING + 1));
+        vm.expectRevert(
+            abi.encodeWithSelector(ProviderRegistry.StakeLocked.selector, type(uint64).max, T0 + UNBONDING + 1)
+        );
         vm.prank(CAROL);
         registry.withdraw();
-        // Unappealed, the slash lands on the unbonding stake.
+        // Unappealed, the slash lands on the unbonding stake; the time lock still runs to its end.
+        vm.warp(T0 + 5 days);
         ledger.finalizeInvalidation(id, k);
+        assertEq(ledger.lockedUntil(CAROL), until);
         assertEq(registry.getProvider(CAROL).slashed, SLASH);
         vm.warp(until);
         vm.prank(CAROL);

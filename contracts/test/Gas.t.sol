@@ -175,7 +175,7 @@ contract GasScalingTest is GasBase {
         g[0] = g0 - gasleft();
         vm.roll(block.number + 1);
         g0 = gasleft();
-        l.drawCommittee(poolId, k1);
+        l.drawCommittee(poolId, k1, pools.validatorsOf(poolId));
         g[1] = g0 - gasleft();
         address juror = l.jurorState(poolId, k1, JUROR1) == 1 ? JUROR1 : JUROR2;
         vm.prank(juror);

@@ -136,8 +136,19 @@ def explain(err: DecodedError) -> tuple[str, str]:
             f"the vote on work {a.get('workKey')} runs until {_when(a.get('voteEnd', 0))}",
             "close it after that time",
         ),
+        "WrongValidatorSet": (
+            f"that is not the validator set the dispute of work {a.get('workKey')} opened under",
+            "pass the pool's validators as of the block of its appeal or challenge",
+        ),
+        "CommitteeNotDrawn": (
+            f"the committee of work {a.get('workKey')} is not drawn yet",
+            "draw it first (`drawCommittee`, one block after the appeal or challenge)",
+        ),
         "NotJuror": (f"{a.get('caller')} is not on the committee of work {a.get('workKey')}", ""),
-        "NotChallenger": (f"{a.get('caller')} has no stake", "only staked providers may challenge work"),
+        "NotChallenger": (
+            f"{a.get('caller')} stakes less than the pool's minimum",
+            "only providers staked at least the pool's minimum may challenge work",
+        ),
         "OwnWork": (f"work {a.get('workKey')} is the caller's own", ""),
         "AlreadyValidator": (f"{a.get('validator')} is already a validator of pool {a.get('poolId')}", ""),
         "NotPoolValidator": (f"{a.get('validator')} is not a validator of pool {a.get('poolId')}", ""),

@@ -106,16 +106,17 @@ def _busy_pool(chain: World) -> int:
             await ops.invalidate(val, pid, k[4], "0x" + "bb" * 32)  # accused, appealed, overturned
             await ops.appeal(prov, pid, k[4])
             await prov.rpc.request("evm_mine", [])
-            await prov.transact("WorkLedger", "drawCommittee", pid, k[4])
+            await ops.draw_committee(prov, pid, k[4])
             juror = (
                 outsider if await admin.call("WorkLedger", "jurorState", pid, k[4], chain.outsider.address) else admin
             )
             await ops.vote(juror, pid, k[4], False)
             await ops.register_provider(outsider, 10 * TOKEN)  # staked: may challenge
             await ops.challenge(outsider, pid, k[5], "0x" + "cc" * 32)  # challenged, then lapses
-            await ops.add_validator(admin, pid, chain.node.address)  # the set changed: the draw commits anew
-            await prov.rpc.request("evm_mine", [])
-            await prov.transact("WorkLedger", "drawCommittee", pid, k[5])
+            await ops.add_validator(admin, pid, chain.node.address)
+            await prov.rpc.request("anvil_mine", [hex(300)])  # the seed block's hash is gone: commits anew
+            opened = (await ops.dispute(prov, pid, k[5]))["drawBlock"]
+            await ops.draw_committee(prov, pid, k[5], int(opened))  # the set as the challenge opened
             await ops.remove_validator(admin, pid, chain.node.address)
             await prov.rpc.request("evm_increaseTime", [200])
             await prov.rpc.request("evm_mine", [])

@@ -239,3 +239,25 @@ def test_soft_invalidation_revokes_without_a_slash():
     rec = r.records[key(1)]
     assert (rec.status, rec.soft, rec.slashed) == ("invalidated", True, 0)
     assert r.totals.invalidated_units == 5
+
+
+def test_a_validator_supersedes_a_challenge_and_a_lapsed_appeal_revokes():
+    challenged = ev("WorkChallenged", "t3", 5, workKey=key(1), challenger=VAL, provider=PROV, evidenceHash="0x1",
+                    voteEnd=900, bond=2)  # fmt: skip
+    superseded = ev("DisputeResolved", "t4", 5, workKey=key(1), verdict=3, kind=3, accuser=VAL, provider=PROV,
+                    bondsTo="0x" + "00" * 20, bonds=2)  # fmt: skip
+    accused = ev("WorkAccused", "t4", 5, workKey=key(1), accuser=VAL, provider=PROV, evidenceHash="0xee",
+                 appealEnd=APPEAL_END, bond=2)  # fmt: skip
+    appealed = ev("WorkAppealed", "t5", 5, workKey=key(1), provider=PROV, voteEnd=800, bond=2)
+    lapsed = ev("DisputeResolved", "t6", 9, workKey=key(1), verdict=3, kind=2, accuser=VAL, provider=PROV,
+                bondsTo="0x" + "00" * 20, bonds=4)  # fmt: skip
+    r = rebuild(POOL, [*base_stream(), challenged, superseded, accused, appealed, lapsed], registry_stream(), TIMES)
+    assert r.problems == []
+    rec = r.records[key(1)]
+    assert (rec.status, rec.soft, rec.dispute, rec.verdict) == ("invalidated", True, "appeal", "lapsed")
+    assert r.totals.invalidated_units == 5
+    # an accusation after a challenge lapsed on its own (another transaction) is not allowed
+    r = rebuild(POOL, [*base_stream(), challenged, superseded, ev("WorkAccused", "t9", 5, workKey=key(1),
+                accuser=VAL, provider=PROV, evidenceHash="0xee", appealEnd=APPEAL_END, bond=2)],
+                registry_stream(), TIMES)  # fmt: skip
+    assert any("disputed while" in p for p in r.problems)

@@ -95,6 +95,7 @@ contract Handler is TestBase {
     mapping(address => uint256) public gMemberships;
     mapping(address => uint256) public gFloor;
     mapping(address => uint256) public gLockedUntil;
+    mapping(address => uint256) public gOpenDisputes;
 
     // ------------------------------------------------------------------ ghost: ledger
     bytes32[] internal recIds;
@@ -290,8 +291,8 @@ contract Handler is TestBase {
 
     function withdraw(uint256 actorSeed) external synced {
         address p = _pickActor(actorSeed, true);
-        bool expected =
-            gRegistered[p] && gUnbonding[p] != 0 && time >= gUnbondingEnd[p] && time >= gLockedUntil[p];
+        bool expected = gRegistered[p] && gUnbonding[p] != 0 && time >= gUnbondingEnd[p] && time >= gLockedUntil[p]
+            && gOpenDisputes[p] == 0;
         uint256 before = token.balanceOf(p);
         vm.prank(p);
         try registry.withdraw() {
@@ -560,16 +561,28 @@ contract Handler is TestBase {
         _invalidateAs(id, evidence, uint256(evidence) % 4 != 0);
     }
 
-    /// @dev A validator's invalidation: soft (revoked, no slash) or hard (an accusation with a bond).
+    /// @dev A validator's invalidation: soft (revoked, no slash) or hard (an accusation with a bond). It
+    /// may supersede an open challenge (the challenger's bond goes back).
     function _invalidateAs(bytes32 id, bytes32 evidence, bool hard) internal {
         Rec storage r = recs[id];
-        bool expected =
-            r.status == WorkLedger.RecordStatus.Pending && time < r.deadline && r.dkind == WorkLedger.DisputeKind.None;
+        bool challenged = r.status == WorkLedger.RecordStatus.Disputed && r.dkind == WorkLedger.DisputeKind.Challenge
+            && r.verdict == WorkLedger.Verdict.Open;
+        bool fresh = r.status == WorkLedger.RecordStatus.Pending && r.dkind == WorkLedger.DisputeKind.None;
+        bool expected = (fresh || challenged) && time < r.deadline && r.provider != validator;
         PoolManager.DisputeTerms memory d = pools.disputeTerms(r.poolId);
+        address challenger = r.accuser;
+        uint256 challengerBefore = challenged ? token.balanceOf(challenger) : 0;
         vm.prank(validator);
         try ledger.invalidateWork(r.poolId, r.workKey, evidence, hard) {
             _check(expected, true, hard ? "accuse" : "softInvalidate");
             if (time >= r.deadline) invalidationsAtOrAfterDeadline++;
+            if (challenged) {
+                r.verdict = WorkLedger.Verdict.Lapsed;
+                r.status = WorkLedger.RecordStatus.Pending;
+                gBondsPaid += d.bond;
+                gOpenDisputes[r.provider]--;
+                if (token.balanceOf(challenger) - challengerBefore != d.bond) paymentMismatches++;
+            }
             if (!hard) {
                 r.invalidations++;
                 r.status = WorkLedger.RecordStatus.Invalidated;
@@ -579,9 +592,12 @@ contract Handler is TestBase {
             }
             r.status = WorkLedger.RecordStatus.Disputed;
             r.dkind = WorkLedger.DisputeKind.Accusation;
+            r.verdict = WorkLedger.Verdict.Open;
             r.accuser = validator;
             r.appealEnd = time + d.appealPeriod;
+            r.voteEnd = 0;
             gBondsIn += d.bond;
+            gOpenDisputes[r.provider]++;
             uint256 until = r.appealEnd + d.votePeriod;
             if (until > gLockedUntil[r.provider]) gLockedUntil[r.provider] = until;
         } catch {
@@ -627,6 +643,7 @@ contract Handler is TestBase {
         internal
     {
         r.verdict = v;
+        gOpenDisputes[r.provider]--;
         uint256 held = _held(r);
         uint256 bond = pools.disputeTerms(r.poolId).bond;
         uint256 accGets;
@@ -638,7 +655,15 @@ contract Handler is TestBase {
             r.status = WorkLedger.RecordStatus.Pending;
             provGets = held;
         } else {
-            r.status = WorkLedger.RecordStatus.Pending;
+            if (r.dkind == WorkLedger.DisputeKind.Appeal) {
+                // a lapsed appeal revokes the record (no slash)
+                r.invalidations++;
+                r.status = WorkLedger.RecordStatus.Invalidated;
+                gPendingUnits[r.poolId] -= r.units;
+                gInvalidatedUnits[r.poolId] += r.units;
+            } else {
+                r.status = WorkLedger.RecordStatus.Pending;
+            }
             accGets = bond;
             provGets = held - bond;
         }
@@ -696,7 +721,8 @@ contract Handler is TestBase {
         if (!found) return;
         Rec storage r = recs[id];
         address who = _actor(actorSeed);
-        bool expected = gStaked[who] != 0 && who != r.provider && r.status == WorkLedger.RecordStatus.Pending
+        uint256 minStake = pools.poolTerms(r.poolId).minStake;
+        bool expected = gStaked[who] >= (minStake == 0 ? 1 : minStake) && who != r.provider && r.status == WorkLedger.RecordStatus.Pending
             && time < r.deadline && r.dkind == WorkLedger.DisputeKind.None;
         PoolManager.DisputeTerms memory d = pools.disputeTerms(r.poolId);
         vm.prank(who);
@@ -707,6 +733,7 @@ contract Handler is TestBase {
             r.accuser = who;
             r.voteEnd = time + d.votePeriod;
             gBondsIn += d.bond;
+            gOpenDisputes[r.provider]++;
             if (r.voteEnd > gLockedUntil[r.provider]) gLockedUntil[r.provider] = r.voteEnd;
         } catch {
             _check(expected, false, "challenge");
@@ -721,7 +748,7 @@ contract Handler is TestBase {
         if (!found) return;
         Rec storage r = recs[id];
         vm.roll(block.number + 1);
-        if (_open(r)) ledger.drawCommittee(r.poolId, r.workKey);
+        if (_open(r)) ledger.drawCommittee(r.poolId, r.workKey, pools.validatorsOf(r.poolId));
         address who = jurors[jurorSeed % 4];
         if (_guided(jurorSeed)) {
             for (uint256 j; j < 4; ++j) {
