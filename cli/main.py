@@ -462,6 +462,26 @@ def _pool_tx(fn: str, what: str) -> Any:
     return command
 
 
+@pool_group.command("rotate-coordinator")
+@click.argument("pool_id", type=int)
+@click.argument("coordinator")
+@common
+def pool_rotate_coordinator(s: Settings, pool_id: int, coordinator: str) -> None:
+    """Replace the pool's coordinator key (owner): invites and records signed by the old one stop working."""
+
+    async def go() -> Any:
+        async with await s.client() as c:
+            new = ops.checksum(coordinator, "coordinator")
+            return await c.transact("PoolManager", "rotateCoordinator", pool_id, new, what="coordinator rotation")
+
+    r = run(go)
+    output(
+        s,
+        _receipt(r) | {"pool": pool_id, "coordinator": coordinator},
+        f"pool {pool_id} coordinator is now {coordinator}",
+    )
+
+
 pool_group.command("start", help="Open a created pool for joins and work (owner).")(_pool_tx("startPool", "start"))
 pool_group.command("end", help="End a pool (owner); recorded work keeps its deadlines.")(_pool_tx("endPool", "end"))
 

@@ -184,6 +184,11 @@ def _flow(url, tmp_path, monkeypatch, capsys):
     _, err = cli("admin", "pool", "withdraw-surplus", pid, "1000", expect=1)
     assert "not owed to pending work" in err
     cli("admin", "pool", "withdraw-surplus", pid, "1")
+    # The owner rotates the coordinator key: the old key can no longer record work.
+    cli("admin", "pool", "rotate-coordinator", pid, addr["validator"])
+    assert cli.json("admin", "pool", "info", pid)["coordinator"] == addr["validator"]
+    _, err = cli("coordinator", "work", "submit", "--pool", pid, "--file", str(batch), expect=1)
+    assert "is not the coordinator of pool" in err
     cli("admin", "pool", "end", pid)
     assert cli.json("admin", "pool", "info", pid)["statusName"] == "ended"
     assert cli.json("admin", "audit", "--pool", pid)["consistent"] is True
