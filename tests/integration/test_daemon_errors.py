@@ -215,7 +215,7 @@ def test_coordinator_with_the_wrong_key(chain: World, monkeypatch, capsys, tmp_p
     )
 
 
-def test_validate_without_the_validator_role(chain: World, monkeypatch, capsys, tmp_path: Path) -> None:
+def test_validate_by_a_key_the_pool_does_not_name(chain: World, monkeypatch, capsys, tmp_path: Path) -> None:
     pid = make_pool(chain)
     code, err, _ = run_daemon(
         chain,
@@ -224,7 +224,7 @@ def test_validate_without_the_validator_role(chain: World, monkeypatch, capsys, 
         monkeypatch,
         capsys,
     )
-    assert_error_line(code, err, f"{chain.outsider.address} does not hold the validator role")
+    assert_error_line(code, err, f"{chain.outsider.address} is not a validator of pool {pid}", "validator add")
 
 
 def test_join_refused_by_the_coordinator(chain: World, monkeypatch, capsys, tmp_path: Path) -> None:
