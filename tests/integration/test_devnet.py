@@ -54,12 +54,15 @@ def test_devnet_with_adversary_end_to_end(tmp_path: Path) -> None:
     assert audit["providers"][cheat["provider"]]["slashed"] == cheat["slashed_tokens"]
     assert report["validator"].get("ok", 0) >= 6
     # a true invalidation stands through an appeal: the cheater appealed each accusation (its own check
-    # of its file passes), the jurors re-checked the file and upheld every one
+    # of its file passes), a committee of the other validators re-checked the file and upheld every one.
+    # (The accuser is the checking validator, or a juror the coordinator's trainer hinted at the file.)
     disputes = report["disputes"]["records"]
-    assert len(disputes) == 3 and all(d["by"] == "validator" and d["appealed"] for d in disputes.values())
+    assert len(disputes) == 3, disputes
+    assert all(d["by"] in ("validator", "juror1", "juror2") and d["appealed"] for d in disputes.values()), disputes
     assert all(d["verdict"] == "upheld" for d in disputes.values()), disputes
-    votes = sum((tmp_path / "dn" / f"juror{i}.log").read_text().count("voted to uphold") for i in (1, 2))
-    assert votes >= 3  # a majority of each committee of two
+    logs = ("validator", "juror1", "juror2")
+    votes = sum((tmp_path / "dn" / f"{n}.log").read_text().count("voted to uphold") for n in logs)
+    assert votes >= 2 * 3  # each committee: the two validators that did not accuse
     # the pool trained while it ran: versions advanced, workers hot-reloaded them (honest rollouts of
     # versions > 0 were verified against the downloaded checkpoints), and no step trained on a rollout
     # more than async_level (2) versions older than the policy it updated
