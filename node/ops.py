@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +15,7 @@ from eth_utils import to_checksum_address
 from .chain.abi import topic
 from .chain.client import ChainClient
 from .chain.errors import ChainError
-from .chain.messages import POOL_STATUS, RECORD_STATUS, tokens
+from .chain.messages import POOL_STATUS, RECORD_STATUS, tokens, when
 from .chain.signing import Invite, RolloutClaim, sign_node_binding
 from .chain.tx import Receipt
 
@@ -413,8 +412,7 @@ def why_not_claimable(work_key: str, rec: dict[str, Any], provider: str, now: in
     if checksum(str(rec["provider"])) != checksum(provider):
         return f"work {work_key} belongs to provider {rec['provider']}"
     if now < int(rec["deadline"]):
-        until = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(int(rec["deadline"])))
-        return f"work {work_key} is still in its validation window until {until}"
+        return f"work {work_key} is still in its validation window until {when(int(rec['deadline']))}"
     return None
 
 

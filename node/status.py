@@ -10,7 +10,6 @@ No loop walks an on-chain array; per-item calls are per node or per slash only.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import trio
@@ -19,16 +18,12 @@ from .audit import rebuild
 from .chain.abi import DecodedEvent, topic
 from .chain.client import ChainClient
 from .chain.errors import ChainError
-from .chain.messages import POOL_STATUS, tokens
+from .chain.messages import POOL_STATUS, tokens, when
 from .ops import checksum
 
 ZERO_ADDRESS = "0x" + "00" * 20
 CONCURRENCY = 16
 HUMAN_LIMIT = 20  # records listed per group in the human output (JSON lists all)
-
-
-def _when(ts: int) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(int(ts)))
 
 
 def _duration(seconds: int) -> str:
@@ -263,7 +258,7 @@ def format_status(st: dict[str, Any], limit: int = HUMAN_LIMIT) -> list[str]:
     p = st["provider"]
     pid = st["pool"]
     lines = [
-        f"provider {p['address']} in pool {pid} ({st['pool_status']}) at block {st['block']}, {_when(st['timestamp'])}",
+        f"provider {p['address']} in pool {pid} ({st['pool_status']}) at block {st['block']}, {when(st['timestamp'])}",
     ]
     if not p["registered"]:
         lines.append("  stake: not a registered provider")
@@ -272,11 +267,11 @@ def format_status(st: dict[str, Any], limit: int = HUMAN_LIMIT) -> list[str]:
         lines.append(
             f"  stake: staked {tokens(p['staked'])} ({ok}: required {tokens(p['required'])},"
             f" pool minimum {tokens(p['pool_min_stake'])}), unbonding {tokens(p['unbonding'])}"
-            + (f" until {_when(p['unbonding_end'])}" if p["unbonding"] else "")
+            + (f" until {when(p['unbonding_end'])}" if p["unbonding"] else "")
         )
         if p["locked_until"] > st["timestamp"]:
             lines.append(
-                f"         withdrawals locked until {_when(p['locked_until'])}: recorded work can be invalidated"
+                f"         withdrawals locked until {when(p['locked_until'])}: recorded work can be invalidated"
                 " until then"
             )
         lines.append(
@@ -287,7 +282,7 @@ def format_status(st: dict[str, Any], limit: int = HUMAN_LIMIT) -> list[str]:
         lines.append("  nodes: none bound")
     for n in st["nodes"]:
         if n["member"]:
-            where = f"member of pool {pid} since {_when(n['joined_at'])}"
+            where = f"member of pool {pid} since {when(n['joined_at'])}"
         elif n["in_pool"]:
             where = f"NOT a member of pool {pid} (member of pool {n['in_pool']})"
         else:
@@ -317,7 +312,7 @@ def format_status(st: dict[str, Any], limit: int = HUMAN_LIMIT) -> list[str]:
         "pending",
         lambda x: (
             f"pending     {x['work_key']} node {x['node']}: {x['units']} units, final at"
-            f" {_when(x['deadline'])} ({_duration(x['time_left'])} left), then {tokens(x['expected_reward'])}"
+            f" {when(x['deadline'])} ({_duration(x['time_left'])} left), then {tokens(x['expected_reward'])}"
         ),
     )
     listed(
@@ -346,11 +341,11 @@ def format_status(st: dict[str, Any], limit: int = HUMAN_LIMIT) -> list[str]:
     def disputed(x: dict[str, Any]) -> str:
         if x["dispute"] == "accusation":
             what = (
-                f"accused by validator {x['by']}: slashed at {_when(x['appeal_end'])} unless appealed "
+                f"accused by validator {x['by']}: slashed at {when(x['appeal_end'])} unless appealed "
                 f"(`intellect-node work appeal --pool {pid} --key {x['work_key']}`)"
             )
         else:
-            what = f"{x['dispute']} (by {x['by']}) before a committee until {_when(x['vote_end'])}"
+            what = f"{x['dispute']} (by {x['by']}) before a committee until {when(x['vote_end'])}"
         return f"disputed    {x['work_key']} node {x['node']}: {x['units']} units, {what}"
 
     listed("disputed", disputed)

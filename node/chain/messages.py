@@ -18,7 +18,8 @@ def tokens(amount: int) -> str:
     return f"{text} INTL"
 
 
-def _when(ts: int) -> str:
+def when(ts: int) -> str:
+    """A unix time as the UTC date and time every message prints."""
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(int(ts)))
 
 
@@ -45,12 +46,12 @@ def explain(err: DecodedError) -> tuple[str, str]:
         ),
         "NothingUnbonding": ("nothing is unbonding", "unstake first with `intellect-node provider unstake N`"),
         "StakeLocked": (
-            f"stake is locked until {_when(a.get('lockedUntil', 0))}: recorded work can be invalidated until then",
+            f"stake is locked until {when(a.get('lockedUntil', 0))}: recorded work can be invalidated until then",
             "withdraw after that time",
         ),
         "StakeLockAlreadySet": ("the registry's stake lock is already set", ""),
         "StillUnbonding": (
-            f"stake is still unbonding until {_when(a.get('unbondingEnd', 0))}",
+            f"stake is still unbonding until {when(a.get('unbondingEnd', 0))}",
             "withdraw after that time",
         ),
         "NodeAlreadyRegistered": (
@@ -85,7 +86,7 @@ def explain(err: DecodedError) -> tuple[str, str]:
             f"pool {a.get('poolId')} is {_status(a.get('have'))}, needs to be {_status(a.get('need'))}",
             "start it with `intellect-node pool start ID`" if a.get("need") == 2 else "",
         ),
-        "InviteExpired": (f"the invite expired at {_when(a.get('expiry', 0))}", "ask the coordinator for a new invite"),
+        "InviteExpired": (f"the invite expired at {when(a.get('expiry', 0))}", "ask the coordinator for a new invite"),
         "InviteAlreadyUsed": (
             f"invite nonce {a.get('nonce')} of pool {a.get('poolId')} was already used",
             "ask the coordinator for a new invite",
@@ -124,16 +125,16 @@ def explain(err: DecodedError) -> tuple[str, str]:
         "AlreadyDisputed": (f"work {a.get('workKey')} has been disputed already (once per record)", ""),
         "NotDisputed": (f"work {a.get('workKey')} has no open dispute of that kind", ""),
         "AppealPeriodOver": (
-            f"the appeal period of work {a.get('workKey')} ended at {_when(a.get('appealEnd', 0))}",
+            f"the appeal period of work {a.get('workKey')} ended at {when(a.get('appealEnd', 0))}",
             "",
         ),
         "AppealPeriodNotOver": (
-            f"work {a.get('workKey')} can be appealed until {_when(a.get('appealEnd', 0))}",
+            f"work {a.get('workKey')} can be appealed until {when(a.get('appealEnd', 0))}",
             "finalize after that time",
         ),
-        "VotePeriodOver": (f"the vote on work {a.get('workKey')} ended at {_when(a.get('voteEnd', 0))}", ""),
+        "VotePeriodOver": (f"the vote on work {a.get('workKey')} ended at {when(a.get('voteEnd', 0))}", ""),
         "VotePeriodNotOver": (
-            f"the vote on work {a.get('workKey')} runs until {_when(a.get('voteEnd', 0))}",
+            f"the vote on work {a.get('workKey')} runs until {when(a.get('voteEnd', 0))}",
             "close it after that time",
         ),
         "WrongValidatorSet": (
@@ -156,7 +157,7 @@ def explain(err: DecodedError) -> tuple[str, str]:
         "BadDisputeTerms": ("dispute terms need positive periods and a committee of 1 to 32", ""),
         "AlreadySettled": (f"work {a.get('workKey')} is already {_record(a.get('status'))}", ""),
         "DeadlinePassed": (
-            f"the validation window of work {a.get('workKey')} closed at {_when(a.get('deadline', 0))}",
+            f"the validation window of work {a.get('workKey')} closed at {when(a.get('deadline', 0))}",
             "work is final after its deadline and can no longer be invalidated",
         ),
         "NotRecordProvider": (
