@@ -1045,14 +1045,29 @@ def rollout_group() -> None:
     type=click.Path(exists=True, dir_okay=False),
     help="The pool's task spec: check against its terms (default: the terms the file's header declares).",
 )
+@click.option(
+    "--evidence",
+    "evidence_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A validator's evidence document on this file: each of its claims is compared with this check.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def rollout_verify(
-    file: str, model: str | None, thresholds: str | None, dtype: str, spec_file: str | None, as_json: bool
+    file: str,
+    model: str | None,
+    thresholds: str | None,
+    dtype: str,
+    spec_file: str | None,
+    evidence_file: str | None,
+    as_json: bool,
 ) -> None:
     """Run the validator's checks on a rollout file; exits 1 if it fails. Without --spec the header's own
-    sampling parameters are used (an inspection aid: a validator takes them from the pool's spec)."""
+    sampling parameters are used (an inspection aid: a validator takes them from the pool's spec).
+    With --evidence (a validator's evidence document, e.g. from its `evidence/` folder or a worker's
+    appeal), each failure it claims is set against this check: "agree" or "DISPUTE" per claim."""
     from transformers import AutoTokenizer
 
+    from node.evidence import EvidenceError, compare, parse_evidence
     from node.inference.engine import HfPrefill
     from node.inference.models import ensure_model
     from node.rollout.checks import SamplingParams
@@ -1075,10 +1090,15 @@ def rollout_verify(
         wrong = check_terms(h, pool_id=h.pool_id, env=spec.env, model=spec.model, sampling=spec.sampling)
         if wrong is not None:
             raise ValueError(f"{wrong.reason}: {wrong.detail}")
+        claims = None
+        if evidence_file is not None:
+            claims = parse_evidence(Path(evidence_file).read_bytes(), work_key=work_key(data))
         params: SamplingParams = spec.sampling_params()
         name = model or spec.model
         cal = Calibrated.load(thresholds or name)
         env = get_env(spec.env)
+    except EvidenceError as exc:
+        raise ChainError(f"{evidence_file}: {exc}", "is it the evidence of this file?") from None
     except (RolloutFormatError, ValueError, KeyError, TypeError) as exc:
         raise ChainError(f"{file}: {exc}") from None
     model_dir = ensure_model(name)
@@ -1101,6 +1121,9 @@ def rollout_verify(
     v = verify_file(f, run_prefill, checks)
     d = v.to_dict() | {"work_key": work_key(data), "units": f.units}
     line = f"{file}: {'valid' if v.ok else 'INVALID: ' + str(v.verdict.reason) + ' (' + v.verdict.detail + ')'}"
+    if claims is not None:
+        d["evidence"] = compare(claims, v.to_dict())
+        line += "".join(f"\n  {c}" for c in d["evidence"])
     output(Settings(None, "", None, as_json), d, line)
     if not v.ok:
         sys.exit(1)

@@ -190,6 +190,48 @@ def model_tools(name: str) -> ModelTools:
     )
 
 
+class PolicyPrefills:
+    """HF prefill models of a pool's policy versions, for checking files: version 0 is the base model;
+    a later one is downloaded from the announced sources (checked against its announced hash) unless
+    `have` already names its checkpoint file, and built on first use. A few stay in memory."""
+
+    def __init__(self, tools: ModelTools, book: Any, data_dir: Path, keep: int = 2) -> None:
+        self.tools, self.book, self.data_dir, self.keep = tools, book, data_dir, keep
+        self.held: dict[int, Any] = {}
+
+    async def get(self, version: int, have: Path | None = None) -> Any | None:
+        """The prefill of `version`, or None while its announcement or checkpoint is not available."""
+        from .inference.engine import HfPrefill
+        from .policy import checkpoint_folder
+        from .weights.client import DownloadError, download
+
+        if version in self.held:
+            return self.held[version]
+        if version == 0:
+            folder = self.tools.path
+        else:
+            path = have
+            if path is None:
+                h = self.book.hashes.get(version)
+                if h is None or not self.book.sources:
+                    log.info("policy version %d not announced yet; checking its work later", version)
+                    return None
+                try:
+                    path = await download(version, h, list(self.book.sources), self.data_dir / "weights", keep=4)
+                except DownloadError as exc:
+                    log.warning("cannot fetch policy version %d yet: %s", version, exc)
+                    return None
+            folder = await trio.to_thread.run_sync(
+                checkpoint_folder, self.tools.path, path, self.data_dir / "models" / f"v{version}"
+            )
+        model = await trio.to_thread.run_sync(HfPrefill, folder)
+        others = sorted(v for v in self.held if v != 0)
+        for old in others[: max(0, len(others) - self.keep + 1)]:
+            del self.held[old]
+        self.held[version] = model
+        return model
+
+
 def model_vocab_size(path: Path) -> int:
     """The vocabulary size in a model folder's config.json (the embedding and output rows)."""
     cfg = json.loads((Path(path) / "config.json").read_text())

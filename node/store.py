@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
-import json
 import logging
 import os
 import sqlite3
@@ -31,6 +29,7 @@ import trio
 
 from .chain.errors import ChainError
 from .chain.tx import Receipt, TxSender
+from .evidence import encode_evidence
 
 log = logging.getLogger(__name__)
 
@@ -54,20 +53,15 @@ def write_file(path: Path, data: bytes) -> None:
         raise
 
 
-def _evidence(record: dict[str, Any]) -> tuple[bytes, str]:
-    body = json.dumps(record, sort_keys=True).encode()
-    return body, "0x" + hashlib.sha256(body).hexdigest()
-
-
 def evidence_hash(record: dict[str, Any]) -> str:
     """The 0x-prefixed sha256 of a verdict record's canonical JSON: the evidence hash that goes on chain
-    or on gossip."""
-    return _evidence(record)[1]
+    or on gossip (`node.evidence.encode_evidence`)."""
+    return encode_evidence(record)[1]
 
 
 def write_evidence(folder: Path, record: dict[str, Any]) -> str:
     """Write a verdict record as canonical JSON to `folder`/<hash>.json (durably); returns its hash."""
-    body, digest = _evidence(record)
+    body, digest = encode_evidence(record)
     write_file(folder / f"{digest[2:]}.json", body)
     return digest
 

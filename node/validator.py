@@ -34,6 +34,7 @@ from .chain.errors import RpcUnavailable
 from .chain.signing import RolloutClaim
 from .daemon import (
     ModelTools,
+    PolicyPrefills,
     connect_chain,
     count,
     model_tools,
@@ -42,17 +43,17 @@ from .daemon import (
     pool_peers,
     retry_rpc,
 )
+from .evidence import MAX_EVIDENCE_BYTES
 from .p2p.blobs import fetch_blob
 from .p2p.host import P2PError, eth_address_from_peer_id
 from .p2p.network import PoolNetwork
-from .policy import PolicyAnnouncement, PolicyBook, checkpoint_folder
+from .policy import PolicyAnnouncement, PolicyBook
 from .rollout.checks import Reason, Verdict
-from .rollout.file import RolloutFile, RolloutFormatError
-from .rollout.intake import check_bounds, check_terms
+from .rollout.file import RolloutFile
 from .store import DISK_FULL, Store, StoreError, settle_journal, write_evidence
 from .tasks.math import get_env
 from .taskspec import TaskSpec, TaskSpecError, pool_spec
-from .verify import Calibrated, FileVerdict, pool_checks, verify_file
+from .verify import Calibrated, FileVerdict, PoolFileCheck
 
 log = logging.getLogger("intellect.validator")
 
@@ -133,7 +134,7 @@ class Validator:
         self.book = PolicyBook()
         for k, v in self.store.query("SELECT k, v FROM kv WHERE k LIKE 'policy:%'"):
             self.book.hashes[int(k.split(":")[1])] = v
-        self.prefills: dict[int, Any] = {}
+        self.prefills: PolicyPrefills | None = None
 
     def status(self) -> dict[str, Any]:
         counts = self.store.counts("checks")
@@ -461,6 +462,8 @@ class Validator:
         self._count("invalidations")
         self._count("chain_tx_sent", kind="invalidateWork")
         if hard:
+            # once more, now that it is an accusation: a worker that missed the first may appeal it
+            await self._publish_verdict(key, False, reason, evidence)
             ev = rc.event("WorkAccused").args
             log.warning(
                 "ACCUSED work %s of node %s (bond %s): slashed at %s unless appealed (tx %s)",
@@ -576,43 +579,37 @@ class Validator:
     async def prefill_for(self, version: int) -> Any:
         """The prefill model of policy `version` (downloaded and checked by hash on first use), or
         None while its announcement or checkpoint is not available yet."""
-        from .weights.client import DownloadError, download
-
-        if version in self.prefills:
-            return self.prefills[version]
-        if version == 0:
-            return self.prefill
-        h = self.book.hashes.get(version)
-        if h is None or not self.book.sources:
-            log.info("policy version %d not announced yet; checking its work later", version)
-            return None
-        assert self.tools is not None
-        try:
-            path = await download(version, h, list(self.book.sources), self.cfg.data_dir / "weights", keep=4)
-        except DownloadError as exc:
-            log.warning("cannot fetch policy version %d yet: %s", version, exc)
-            return None
-        folder = await trio.to_thread.run_sync(
-            checkpoint_folder, self.tools.path, path, self.cfg.data_dir / "models" / f"v{version}"
-        )
-        from .inference.engine import HfPrefill
-
-        model = await trio.to_thread.run_sync(HfPrefill, folder)
-        for old in sorted(self.prefills)[:-2]:  # keep a few versions in memory
-            del self.prefills[old]
-        self.prefills[version] = model
-        return model
+        if self.prefills is None:
+            assert self.tools is not None
+            self.prefills = PolicyPrefills(self.tools, self.book, self.cfg.data_dir, keep=3)
+            if self.prefill is not None:
+                self.prefills.held[0] = self.prefill
+        return await self.prefills.get(version)
 
     def _save_evidence(self, key: str, verdict: dict[str, Any]) -> str:
         return write_evidence(self.evidence_dir, {"work_key": key, "pool": self.cfg.pool_id, **verdict})
 
+    def evidence_doc(self, evidence: str) -> bytes | None:
+        """Our evidence document of hash `evidence` (None if we hold none, or it is too large to publish)."""
+        if not re.fullmatch(r"0x[0-9a-f]{64}", evidence):
+            return None
+        try:
+            doc = (self.evidence_dir / f"{evidence[2:]}.json").read_bytes()
+        except OSError:
+            return None
+        return doc if len(doc) <= MAX_EVIDENCE_BYTES else None
+
     async def _publish_verdict(self, key: str, ok: bool, reason: str, evidence: str) -> None:
+        """A verdict on gossip; a failed one carries its evidence document (`node.evidence`), so the
+        accused worker and the pool's committee can re-check each of its claims against the file."""
         if self.net is None:
             return
+        msg: dict[str, Any] = {"work_key": key, "ok": ok, "reason": reason, "evidence": evidence}
+        doc = None if ok else self.evidence_doc(evidence)
+        if doc is not None:
+            msg["doc"] = doc
         try:
-            await self.net.publish(
-                "verdict", protocol.pack({"work_key": key, "ok": ok, "reason": reason, "evidence": evidence})
-            )
+            await self.net.publish("verdict", protocol.pack(msg))
         except Exception as exc:
             log.debug("verdict announcement failed: %r", exc)
 
@@ -664,48 +661,19 @@ class Validator:
         )  # fmt: skip
         return result
 
+    @property
+    def checker(self) -> PoolFileCheck:
+        """The pool's checks of one file (`node.verify.PoolFileCheck`), once the spec and model are loaded."""
+        assert self.spec is not None and self.tools is not None and self.calibrated is not None
+        return PoolFileCheck(self.spec, self.tools, self.calibrated, self.cfg.pool_id, self.cfg.max_rollout_bytes)
+
     def intake(self, data: bytes, r: dict[str, Any]) -> RolloutFile | FileVerdict:
-        """The checks that need no model (parse, header terms, bounds): the parsed file, or the verdict
-        of the first check it fails."""
-        assert self.spec is not None and self.tools is not None
-        try:
-            f = RolloutFile.from_bytes(data, max_bytes=self.cfg.max_rollout_bytes)
-        except RolloutFormatError as exc:
-            return FileVerdict(Verdict(Reason.MALFORMED, str(exc)), [])
-        if f.header.node.lower() != str(r["node"]).lower():
-            return FileVerdict(Verdict(Reason.MALFORMED, f"file header names node {f.header.node}"), [])
-        spec = self.spec
-        problem = check_terms(
-            f.header, pool_id=self.cfg.pool_id, env=spec.env, model=spec.model, sampling=spec.sampling
-        ) or check_bounds(f, vocab_size=self.tools.vocab_size, max_tokens=spec.max_tokens)
-        if problem is not None:
-            reason = Reason.TOKEN_OUT_OF_VOCAB if problem.reason == "token-out-of-vocab" else Reason.MALFORMED
-            return FileVerdict(Verdict(reason, f"{problem.reason}: {problem.detail}"), [])
-        return f
+        """The checks that need no model (parse, header terms, bounds) of record `r`'s file."""
+        return self.checker.intake(data, str(r["node"]))
 
     def judge(self, f: RolloutFile, r: dict[str, Any], prefill: Any) -> dict[str, Any]:
         """The full check of a file that passed `intake` (blocking: prefill and checks; run in a thread)."""
-        assert self.spec is not None and self.tools is not None and self.calibrated is not None
-        tools, spec = self.tools, self.spec
-        # One batched forward pass for the samples that reach the prefill (same math as one at a time,
-        # much faster): the task's prompt and no more than max_tokens, so a hostile file cannot make us
-        # prefill a 32k-token prompt; `verify_file` refuses the others before any prefill.
-        checks = pool_checks(spec, tools, self.calibrated)
-        env = checks.env
-        prompts: dict[int, list[int]] = {}
-        pairs = []
-        for s in f.samples:
-            if s.group not in prompts:
-                prompts[s.group] = tools.encode(env.problem(f.header.task_seed, s.group).prompt)
-            if s.prompt_tokens == prompts[s.group] and len(s.completion_tokens) <= spec.max_tokens:
-                pairs.append((list(s.prompt_tokens), list(s.completion_tokens)))
-        done = {(tuple(p), tuple(c)): x for (p, c), x in zip(pairs, prefill.prefill_many(pairs), strict=True)}
-
-        def fn(prompt: list[int], completion: list[int]) -> Any:
-            p = done.get((tuple(prompt), tuple(completion))) or prefill.prefill(prompt, completion)
-            return p.hidden, p.logprobs
-
-        return verify_file(f, fn, checks, expected_policy=int(r["policy_version"])).to_dict()
+        return self.checker.judge(f, prefill, int(r["policy_version"]))
 
 
 def _peer_is(addr: str, address: str) -> bool:

@@ -27,8 +27,8 @@ from .rollout.checks import (
     sampling_distribution,
     temperature_test,
 )
-from .rollout.file import RolloutFile, RolloutSample
-from .rollout.intake import implausible_repeats
+from .rollout.file import RolloutFile, RolloutFormatError, RolloutSample
+from .rollout.intake import check_bounds, check_terms, implausible_repeats
 from .tasks.math import MathEnv, get_env
 from .taskspec import TaskSpec
 from .toploc import ProofFormatError, Thresholds, verify_proofs
@@ -268,3 +268,63 @@ def pool_checks(spec: TaskSpec, tools: Any, calibrated: Calibrated) -> FileCheck
         calibrated,
         int(tools.vocab_size) or None,
     )
+
+
+@dataclass(frozen=True)
+class PoolFileCheck:
+    """Every check a pool's validators run on one rollout file, for whoever holds the file and a prefill
+    of its policy version: the validator, a committee member, and the worker re-checking its own file
+    before it appeals. `intake` needs no model; `judge` runs the prefill (blocking: call it in a thread)."""
+
+    spec: TaskSpec
+    tools: Any  # node.daemon.ModelTools of the spec's model
+    calibrated: Calibrated
+    pool_id: int
+    max_bytes: int = 16 * 1024 * 1024
+
+    def intake(self, data: bytes, node: str) -> RolloutFile | FileVerdict:
+        """The checks that need no model (parse, header terms, bounds): the parsed file, or the verdict
+        of the first check it fails."""
+        try:
+            f = RolloutFile.from_bytes(data, max_bytes=self.max_bytes)
+        except RolloutFormatError as exc:
+            return FileVerdict(Verdict(Reason.MALFORMED, str(exc)), [])
+        if f.header.node.lower() != node.lower():
+            return FileVerdict(Verdict(Reason.MALFORMED, f"file header names node {f.header.node}"), [])
+        spec = self.spec
+        problem = check_terms(
+            f.header, pool_id=self.pool_id, env=spec.env, model=spec.model, sampling=spec.sampling
+        ) or check_bounds(f, vocab_size=self.tools.vocab_size, max_tokens=spec.max_tokens)
+        if problem is not None:
+            reason = Reason.TOKEN_OUT_OF_VOCAB if problem.reason == "token-out-of-vocab" else Reason.MALFORMED
+            return FileVerdict(Verdict(reason, f"{problem.reason}: {problem.detail}"), [])
+        return f
+
+    def judge(self, f: RolloutFile, prefill: Any, expected_policy: int) -> dict[str, Any]:
+        """The full check of a file that passed `intake`, with `prefill` (a `HfPrefill` of the file's
+        policy version); the verdict as a dict (the evidence a validator signs)."""
+        tools, spec = self.tools, self.spec
+        # One batched forward pass for the samples that reach the prefill (same math as one at a time,
+        # much faster): the task's prompt and no more than max_tokens, so a hostile file cannot make us
+        # prefill a 32k-token prompt; `verify_file` refuses the others before any prefill.
+        checks = pool_checks(spec, tools, self.calibrated)
+        env = checks.env
+        prompts: dict[int, list[int]] = {}
+        pairs = []
+        for s in f.samples:
+            if s.group not in prompts:
+                prompts[s.group] = tools.encode(env.problem(f.header.task_seed, s.group).prompt)
+            if s.prompt_tokens == prompts[s.group] and len(s.completion_tokens) <= spec.max_tokens:
+                pairs.append((list(s.prompt_tokens), list(s.completion_tokens)))
+        done = {(tuple(p), tuple(c)): x for (p, c), x in zip(pairs, prefill.prefill_many(pairs), strict=True)}
+
+        def fn(prompt: list[int], completion: list[int]) -> Any:
+            p = done.get((tuple(prompt), tuple(completion))) or prefill.prefill(prompt, completion)
+            return p.hidden, p.logprobs
+
+        return verify_file(f, fn, checks, expected_policy=expected_policy).to_dict()
+
+    def check(self, data: bytes, node: str, prefill: Any, expected_policy: int) -> dict[str, Any]:
+        """`intake`, then `judge` of what passed it."""
+        f = self.intake(data, node)
+        return f.to_dict() if isinstance(f, FileVerdict) else self.judge(f, prefill, expected_policy)

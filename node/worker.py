@@ -32,6 +32,7 @@ from .chain.messages import tokens
 from .chain.signing import Invite, RolloutClaim
 from .daemon import (
     ModelTools,
+    PolicyPrefills,
     connect_chain,
     count,
     model_tools,
@@ -41,6 +42,7 @@ from .daemon import (
     retry,
     retry_rpc,
 )
+from .evidence import EvidenceError, compare, parse_evidence
 from .p2p.blobs import BlobStore, serve_blobs, upload_blob
 from .p2p.host import P2PError, Refused
 from .p2p.network import PoolNetwork
@@ -48,6 +50,8 @@ from .policy import PolicyAnnouncement, PolicyBook
 from .rollout.file import MAX_FILE_BYTES, RolloutFile, RolloutHeader, work_key
 from .store import DISK_FULL_PREFIX, Store, settle_journal, write_file_when_room
 from .tasks.math import get_env
+from .taskspec import pool_spec
+from .verify import Calibrated, PoolFileCheck
 
 log = logging.getLogger("intellect.worker")
 
@@ -63,6 +67,13 @@ CREATE TABLE IF NOT EXISTS rollouts (
     created REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS claims (tx TEXT PRIMARY KEY, keys INTEGER NOT NULL, reward TEXT NOT NULL, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS evidence (
+    hash TEXT PRIMARY KEY,                  -- sha256 of the document: the evidence hash on chain
+    work_key TEXT NOT NULL,                 -- one of our rollouts, found failing by a validator
+    sender TEXT NOT NULL,
+    doc BLOB NOT NULL,
+    at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS appeals (
     work_key TEXT PRIMARY KEY,              -- a hard invalidation of our work
     status TEXT NOT NULL,                   -- appealed | declined | failed-self-check | too-late
@@ -138,6 +149,7 @@ class Worker:
         self.stake_now = 0
         self.last_error = ""
         self.book = PolicyBook()
+        self._checker: PoolFileCheck | None = None
         self.loaded_version = 0
         self.downloaded: dict[int, Path] = {}
         self.phase_started_work = False  # set once joined: from then on the worker waits out outages
@@ -213,6 +225,7 @@ class Worker:
                     nursery.start_soon(self._heartbeat_loop)
                     nursery.start_soon(self._claim_loop)
                     nursery.start_soon(self._appeal_loop)
+                    nursery.start_soon(self._verdict_loop)
                     await self.resume()
                     await self.work_loop()
                     self.phase = "done: heartbeating and claiming"
@@ -695,10 +708,48 @@ class Worker:
                 self.last_error = str(exc)
                 log.warning("following accusations failed (will retry): %s", exc)
 
+    # Evidence documents kept per rollout of ours: one per validator that found it failing, a few at most.
+    MAX_EVIDENCE_PER_KEY = 8
+
+    async def _verdict_loop(self) -> None:
+        assert self.net is not None
+        async for env in self.net.subscribe("verdict"):
+            self.take_evidence(env.sender, env.body)
+
+    def take_evidence(self, sender: str, body: bytes) -> bool:
+        """Keep the evidence document of a failed verdict on one of our rollouts (the network has checked
+        that `sender` is a validator or the coordinator), if it is the document its verdict names; the
+        appeal's re-check answers it claim by claim. Returns whether it was kept."""
+        try:
+            msg = protocol.unpack(body, "verdict")
+        except protocol.ProtocolError:
+            return False
+        key, digest, doc = msg.get("work_key"), msg.get("evidence"), msg.get("doc")
+        if msg.get("ok") is not False or not isinstance(key, str) or not isinstance(digest, str):
+            return False
+        if self.store.one("SELECT 1 FROM rollouts WHERE work_key = ?", (key,)) is None:
+            return False
+        if self.store.one("SELECT 1 FROM evidence WHERE hash = ?", (digest.lower(),)) is not None:
+            return False
+        held = int(self.store.scalar("SELECT COUNT(*) FROM evidence WHERE work_key = ?", (key,)) or 0)
+        if held >= self.MAX_EVIDENCE_PER_KEY:
+            return False
+        try:
+            parse_evidence(doc, expected_hash=digest, work_key=key)  # type: ignore[arg-type]
+        except EvidenceError as exc:
+            log.info("verdict on %s from %s carries no usable evidence document: %s", key[:12], sender, exc)
+            return False
+        self.store.execute(
+            "INSERT OR IGNORE INTO evidence(hash, work_key, sender, doc, at) VALUES(?, ?, ?, ?, ?)",
+            (digest.lower(), key, sender.lower(), bytes(doc), time.time()),
+        )
+        log.warning("validator %s finds our work %s failing (%s); evidence kept", sender, key[:12], msg.get("reason"))
+        return True
+
     def self_check(self, key: str) -> str | None:
-        """Why our own file for `key` would not stand (None: it does): we must hold it, its bytes must
-        hash to the key, and it must parse under the same bounded reader every checker uses. What a
-        validator's model-based check found is the committee's to re-check, on the file we keep serving."""
+        """Why our own file for `key` could not stand whatever a model says (None: it could): we must
+        hold it, its bytes must hash to the key, and it must parse under the bounded reader every
+        checker uses. `recheck` adds the validators' model-based check."""
         row = self.store.one("SELECT path FROM rollouts WHERE work_key = ?", (key,))
         if row is None:
             return "not a rollout of this node"
@@ -713,6 +764,59 @@ class Worker:
         except Exception as exc:
             return f"the file does not parse: {exc}"
         return None
+
+    async def recheck(self, key: str, evidence_hash: str) -> tuple[str | None, str]:
+        """Our own re-check of an accused file before we appeal: `self_check`, then every check a
+        validator runs (`node.verify.PoolFileCheck`, with a prefill of the file's policy version), then,
+        when we hold the accuser's evidence document, each of its claims against our verdict. Returns
+        (why we must not appeal, or None; notes for the log and the `appeals` table)."""
+        why = self.self_check(key)
+        if why is not None:
+            return why, ""
+        notes: list[str] = []
+        row = self.store.one("SELECT doc FROM evidence WHERE hash = ?", (evidence_hash.lower(),))
+        claims = None
+        if row is not None:
+            claims = parse_evidence(bytes(row["doc"]), expected_hash=evidence_hash, work_key=key)
+        else:
+            notes.append("the accuser's evidence document did not reach us")
+        try:
+            verdict = await self._model_check(key)
+        except Exception as exc:  # our side cannot check (spec, weights, memory): the file's integrity decides
+            verdict = None
+            notes.append(f"no model re-check ({type(exc).__name__}: {exc})")
+        if verdict is None:
+            notes.append("appealing on the file's integrity alone")
+            return None, "; ".join(notes)
+        if not verdict["ok"]:
+            v = verdict["verdict"]
+            return f"our own re-check fails too: {v['reason']} ({str(v.get('detail', ''))[:200]})", "; ".join(notes)
+        notes.append("our re-check of every completion passes")
+        if claims is not None:
+            notes += [line for line in compare(claims, verdict) if line.startswith("DISPUTE")][:4]
+        return None, "; ".join(notes)
+
+    async def _model_check(self, key: str) -> dict[str, Any] | None:
+        """The validators' whole check of our file for `key` (None while its policy's weights cannot be
+        had). The pool's spec and thresholds are read on first use; models are released afterwards."""
+        if self._checker is None:
+            assert self.chain is not None
+            spec = await pool_spec(await ops.pool_info(self.chain, self.cfg.pool_id))
+            tools = self.tools or await trio.to_thread.run_sync(model_tools, spec.model)
+            self._checker = PoolFileCheck(spec, tools, Calibrated.load(spec.model), self.cfg.pool_id, MAX_FILE_BYTES)
+        checker = self._checker
+        row = self.store.one("SELECT path FROM rollouts WHERE work_key = ?", (key,))
+        assert row is not None
+        data = Path(str(row["path"])).read_bytes()
+        version = RolloutFile.from_bytes(data).header.policy_version
+        prefills = PolicyPrefills(checker.tools, self.book, self.cfg.data_dir, keep=1)
+        prefill = await prefills.get(version, self.downloaded.get(version))
+        if prefill is None:
+            return None
+        try:
+            return await trio.to_thread.run_sync(checker.check, data, self.node.address, prefill, version)
+        finally:
+            prefills.held.clear()
 
     async def appeal_accusations(self) -> int:
         """Hard invalidations of this node's work: appealed (with the pool's bond) when our self-check
@@ -732,14 +836,19 @@ class Worker:
                 continue
             if self.store.one("SELECT 1 FROM rollouts WHERE work_key = ?", (key,)) is None:
                 continue  # work of another node of the same provider: its own worker answers
-            why = self.self_check(key)
-            status, detail, tx = "appealed", "", None
+            why, notes = await self.recheck(key, str(ev.args["evidenceHash"]))
+            status, detail, tx = "appealed", notes, None
+            if why is not None and self.cfg.cheat is not None:
+                # the devnet's cheater appeals anyway, betting on the committee: a true invalidation stands
+                log.warning("work %s fails our own re-check (%s); appealing anyway (cheater)", key[:12], why)
+                why = None
             if why is not None:
                 status, detail = "failed-self-check", why
             elif not self.cfg.yes:
                 status = "declined"
                 detail = (
                     f"appeal with `intellect-node work appeal --pool {pool} --key {key}` before {ev.args['appealEnd']}"
+                    + (f" ({notes})" if notes else "")
                 )
             else:
                 try:
