@@ -746,31 +746,31 @@ class Worker:
         log.warning("validator %s finds our work %s failing (%s); evidence kept", sender, key[:12], msg.get("reason"))
         return True
 
-    def self_check(self, key: str) -> str | None:
-        """Why our own file for `key` could not stand whatever a model says (None: it could): we must
-        hold it, its bytes must hash to the key, and it must parse under the bounded reader every
-        checker uses. `recheck` adds the validators' model-based check."""
+    def self_check(self, key: str) -> tuple[str | None, bytes]:
+        """Why our own file for `key` could not stand whatever a model says (None: it could), and its
+        bytes: we must hold it, its bytes must hash to the key, and it must parse under the bounded
+        reader every checker uses. `recheck` adds the validators' model-based check."""
         row = self.store.one("SELECT path FROM rollouts WHERE work_key = ?", (key,))
         if row is None:
-            return "not a rollout of this node"
+            return "not a rollout of this node", b""
         try:
             data = Path(str(row["path"])).read_bytes()
         except OSError as exc:
-            return f"the file is gone: {exc}"
+            return f"the file is gone: {exc}", b""
         if work_key(data) != key:
-            return "the file on disk does not hash to its work key"
+            return "the file on disk does not hash to its work key", b""
         try:
             RolloutFile.from_bytes(data)
         except Exception as exc:
-            return f"the file does not parse: {exc}"
-        return None
+            return f"the file does not parse: {exc}", b""
+        return None, data
 
     async def recheck(self, key: str, evidence_hash: str) -> tuple[str | None, str]:
         """Our own re-check of an accused file before we appeal: `self_check`, then every check a
         validator runs (`node.verify.PoolFileCheck`, with a prefill of the file's policy version), then,
         when we hold the accuser's evidence document, each of its claims against our verdict. Returns
         (why we must not appeal, or None; notes for the log and the `appeals` table)."""
-        why = self.self_check(key)
+        why, data = self.self_check(key)
         if why is not None:
             return why, ""
         notes: list[str] = []
@@ -781,7 +781,7 @@ class Worker:
         else:
             notes.append("the accuser's evidence document did not reach us")
         try:
-            verdict = await self._model_check(key)
+            verdict = await self._model_check(data)
         except Exception as exc:  # our side cannot check (spec, weights, memory): the file's integrity decides
             verdict = None
             notes.append(f"no model re-check ({type(exc).__name__}: {exc})")
@@ -796,8 +796,8 @@ class Worker:
             notes += [line for line in compare(claims, verdict) if line.startswith("DISPUTE")][:4]
         return None, "; ".join(notes)
 
-    async def _model_check(self, key: str) -> dict[str, Any] | None:
-        """The validators' whole check of our file for `key` (None while its policy's weights cannot be
+    async def _model_check(self, data: bytes) -> dict[str, Any] | None:
+        """The validators' whole check of our file `data` (None while its policy's weights cannot be
         had). The pool's spec and thresholds are read on first use; models are released afterwards."""
         if self._checker is None:
             assert self.chain is not None
@@ -805,16 +805,16 @@ class Worker:
             tools = self.tools or await trio.to_thread.run_sync(model_tools, spec.model)
             self._checker = PoolFileCheck(spec, tools, Calibrated.load(spec.model), self.cfg.pool_id, MAX_FILE_BYTES)
         checker = self._checker
-        row = self.store.one("SELECT path FROM rollouts WHERE work_key = ?", (key,))
-        assert row is not None
-        data = Path(str(row["path"])).read_bytes()
-        version = RolloutFile.from_bytes(data).header.policy_version
+        f = checker.intake(data, self.node.address)
+        if not isinstance(f, RolloutFile):
+            return f.to_dict()
+        version = f.header.policy_version
         prefills = PolicyPrefills(checker.tools, self.book, self.cfg.data_dir, keep=1)
         prefill = await prefills.get(version, self.downloaded.get(version))
         if prefill is None:
             return None
         try:
-            return await trio.to_thread.run_sync(checker.check, data, self.node.address, prefill, version)
+            return await trio.to_thread.run_sync(checker.judge, f, prefill, version)
         finally:
             prefills.held.clear()
 
