@@ -19,8 +19,10 @@ from .chain import ChainClient, ChainError, Deployment
 from .chain.abi import topic
 from .chain.errors import RpcUnavailable
 from .chain.tx import TxJournal
+from .evidence import MAX_SERVED_EVIDENCE_BYTES, EvidenceError, parse_evidence
+from .p2p.blobs import EVIDENCE_PROTOCOL, BlobStore, fetch_blob, serve_blobs
 from .p2p.discovery import parse_bootstrap
-from .p2p.host import eth_address_from_peer_id
+from .p2p.host import P2PError, eth_address_from_peer_id
 from .p2p.membership import ChainMembership
 from .p2p.network import PoolNetwork
 
@@ -158,6 +160,46 @@ async def open_pool_network(
         private_key=private_key, pool=pool_id, membership=membership.snapshot, listen=listen, bootstrap=bootstrap
     )
     return membership, net
+
+
+async def fetch_evidence(
+    net: PoolNetwork, coordinator_peer: str | None, author: str, digest: str, work_key: str
+) -> tuple[dict[str, Any], bytes] | None:
+    """The evidence document of hash `digest` (the one on chain) about `work_key`, asked by its hash of
+    its `author` (the accusing validator, when connected to us) and of the pool's coordinator (which
+    keeps what the pool's validators published): (the parsed document, its bytes), or None when
+    nobody serves it. Whatever a peer sends is checked against the hash before it is read."""
+    sources: list[Any] = [p for p in net.node.peers if _address_of(p) == author.lower()]
+    if coordinator_peer:
+        sources.append(coordinator_peer)
+    for peer in sources:
+        try:
+            doc = await fetch_blob(
+                net.node, peer, digest, max_bytes=MAX_SERVED_EVIDENCE_BYTES, protocol=EVIDENCE_PROTOCOL
+            )
+            claims = parse_evidence(doc, expected_hash=digest, work_key=work_key, max_bytes=MAX_SERVED_EVIDENCE_BYTES)
+            return claims, doc
+        except (P2PError, EvidenceError) as exc:
+            log.info("evidence %s not had from %s: %s", digest[:14], str(peer)[-16:], exc)
+    return None
+
+
+def serve_evidence(net: PoolNetwork, docs: BlobStore) -> None:
+    """Serve the evidence documents in `docs` by their hash (`EVIDENCE_PROTOCOL`) to the pool's members,
+    validators and coordinator (the accused worker, a committee member); outsiders are refused before
+    anything is read."""
+
+    def allowed(sender: str) -> bool:
+        return net.membership().role(sender) is not None
+
+    serve_blobs(net.node, docs, allow=allowed, accept_uploads=False, protocol=EVIDENCE_PROTOCOL)
+
+
+def _address_of(peer: Any) -> str:
+    try:
+        return eth_address_from_peer_id(peer).lower()
+    except Exception:
+        return ""
 
 
 @dataclass

@@ -15,9 +15,12 @@ import json
 from typing import Any
 
 # Published inside a verdict message (at most `node.protocol.MAX_MESSAGE`, 64 KiB): a verdict of a
-# file of a few hundred completions with their per-chunk figures fits; a larger one is not published
-# (the hash on chain still binds it, and the validator keeps it under `evidence/`).
+# file of a few hundred completions with their per-chunk figures fits; a larger one is not put on
+# gossip, only served by its hash.
 MAX_EVIDENCE_BYTES = 48 * 1024
+# Served by hash (`node.p2p.blobs.EVIDENCE_PROTOCOL`, from the validator that wrote it and from the
+# coordinator): a verdict of the largest rollout file, with every chunk's figures, fits with room.
+MAX_SERVED_EVIDENCE_BYTES = 1 << 20
 
 
 class EvidenceError(ValueError):
@@ -30,13 +33,20 @@ def encode_evidence(record: dict[str, Any]) -> tuple[bytes, str]:
     return body, "0x" + hashlib.sha256(body).hexdigest()
 
 
-def parse_evidence(doc: bytes, *, expected_hash: str | None = None, work_key: str | None = None) -> dict[str, Any]:
-    """A received evidence document, checked: at most `MAX_EVIDENCE_BYTES`, hashing to `expected_hash`
-    (the one on chain) and naming `work_key`, when given; a JSON object with a verdict and samples."""
+def parse_evidence(
+    doc: bytes,
+    *,
+    expected_hash: str | None = None,
+    work_key: str | None = None,
+    max_bytes: int = MAX_EVIDENCE_BYTES,
+) -> dict[str, Any]:
+    """A received evidence document, checked: at most `max_bytes` (a gossip copy's limit by default),
+    hashing to `expected_hash` (the one on chain) and naming `work_key`, when given; a JSON object with
+    a verdict and samples."""
     if not isinstance(doc, (bytes, bytearray)):
         raise EvidenceError("the evidence document is not bytes")
-    if len(doc) > MAX_EVIDENCE_BYTES:
-        raise EvidenceError(f"evidence document of {len(doc)} bytes, at most {MAX_EVIDENCE_BYTES} accepted")
+    if len(doc) > max_bytes:
+        raise EvidenceError(f"evidence document of {len(doc)} bytes, at most {max_bytes} accepted")
     digest = "0x" + hashlib.sha256(doc).hexdigest()
     if expected_hash is not None and digest != expected_hash.lower():
         raise EvidenceError(f"the document hashes to {digest}, not to the evidence hash {expected_hash}")
@@ -57,6 +67,22 @@ def parse_evidence(doc: bytes, *, expected_hash: str | None = None, work_key: st
     ):
         raise EvidenceError("the evidence document's samples are not a list of {group, sample, ...}")
     return d
+
+
+def failed_verdict(body: bytes) -> tuple[str, str, Any] | None:
+    """(work key, evidence hash in lower case, the document as sent) of a verdict message that finds a
+    file failing and names its evidence; None for anything else (a passing verdict, a malformed one).
+    The document is still unchecked: `parse_evidence` it against the hash before keeping it."""
+    from .protocol import ProtocolError, unpack
+
+    try:
+        msg = unpack(body, "verdict")
+    except ProtocolError:
+        return None
+    key, digest = msg.get("work_key"), msg.get("evidence")
+    if msg.get("ok") is not False or not isinstance(key, str) or not isinstance(digest, str):
+        return None
+    return key, digest.lower(), msg.get("doc")
 
 
 def failing(verdict: dict[str, Any]) -> dict[tuple[int, int], str]:

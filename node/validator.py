@@ -42,9 +42,10 @@ from .daemon import (
     open_pool_network,
     pool_peers,
     retry_rpc,
+    serve_evidence,
 )
-from .evidence import MAX_EVIDENCE_BYTES
-from .p2p.blobs import fetch_blob
+from .evidence import MAX_EVIDENCE_BYTES, MAX_SERVED_EVIDENCE_BYTES
+from .p2p.blobs import BlobStore, fetch_blob
 from .p2p.host import P2PError, eth_address_from_peer_id
 from .p2p.network import PoolNetwork
 from .policy import PolicyAnnouncement, PolicyBook
@@ -185,6 +186,9 @@ class Validator:
                     nursery, self.chain, cfg.pool_id, bytes(self.key.key), cfg.listen, bootstrap
                 )
                 async with self.net:
+                    # by hash, for the accused worker and committees that missed a verdict's gossip (and
+                    # a document too large for gossip)
+                    serve_evidence(self.net, BlobStore(self.evidence_dir, MAX_SERVED_EVIDENCE_BYTES, suffix=".json"))
                     nursery.start_soon(self._policy_loop)
                     nursery.start_soon(self._announcement_loop)
                     nursery.start_soon(self._hint_loop, str(info["coordinator"]))

@@ -35,6 +35,7 @@ from .daemon import (
     PolicyPrefills,
     connect_chain,
     count,
+    fetch_evidence,
     model_tools,
     new_ledger_events,
     open_pool_network,
@@ -42,7 +43,7 @@ from .daemon import (
     retry,
     retry_rpc,
 )
-from .evidence import EvidenceError, compare, parse_evidence
+from .evidence import MAX_SERVED_EVIDENCE_BYTES, EvidenceError, compare, failed_verdict, parse_evidence
 from .p2p.blobs import BlobStore, serve_blobs, upload_blob
 from .p2p.host import P2PError, Refused
 from .p2p.network import PoolNetwork
@@ -720,31 +721,32 @@ class Worker:
         """Keep the evidence document of a failed verdict on one of our rollouts (the network has checked
         that `sender` is a validator or the coordinator), if it is the document its verdict names; the
         appeal's re-check answers it claim by claim. Returns whether it was kept."""
-        try:
-            msg = protocol.unpack(body, "verdict")
-        except protocol.ProtocolError:
+        got = failed_verdict(body)
+        if got is None:
             return False
-        key, digest, doc = msg.get("work_key"), msg.get("evidence"), msg.get("doc")
-        if msg.get("ok") is not False or not isinstance(key, str) or not isinstance(digest, str):
-            return False
+        key, digest, doc = got
         if self.store.one("SELECT 1 FROM rollouts WHERE work_key = ?", (key,)) is None:
             return False
-        if self.store.one("SELECT 1 FROM evidence WHERE hash = ?", (digest.lower(),)) is not None:
+        if self.store.one("SELECT 1 FROM evidence WHERE hash = ?", (digest,)) is not None:
             return False
         held = int(self.store.scalar("SELECT COUNT(*) FROM evidence WHERE work_key = ?", (key,)) or 0)
         if held >= self.MAX_EVIDENCE_PER_KEY:
             return False
         try:
-            parse_evidence(doc, expected_hash=digest, work_key=key)  # type: ignore[arg-type]
+            claims = parse_evidence(doc, expected_hash=digest, work_key=key)
         except EvidenceError as exc:
             log.info("verdict on %s from %s carries no usable evidence document: %s", key[:12], sender, exc)
             return False
+        self._keep_evidence(digest, key, sender, bytes(doc))
+        reason = claims["verdict"]["reason"]
+        log.warning("validator %s finds our work %s failing (%s); evidence kept", sender, key[:12], reason)
+        return True
+
+    def _keep_evidence(self, digest: str, key: str, sender: str, doc: bytes) -> None:
         self.store.execute(
             "INSERT OR IGNORE INTO evidence(hash, work_key, sender, doc, at) VALUES(?, ?, ?, ?, ?)",
-            (digest.lower(), key, sender.lower(), bytes(doc), time.time()),
+            (digest, key, sender.lower(), doc, time.time()),
         )
-        log.warning("validator %s finds our work %s failing (%s); evidence kept", sender, key[:12], msg.get("reason"))
-        return True
 
     def self_check(self, key: str) -> tuple[str | None, bytes]:
         """Why our own file for `key` could not stand whatever a model says (None: it could), and its
@@ -765,21 +767,19 @@ class Worker:
             return f"the file does not parse: {exc}", b""
         return None, data
 
-    async def recheck(self, key: str, evidence_hash: str) -> tuple[str | None, str]:
+    async def recheck(self, key: str, evidence_hash: str, accuser: str = "") -> tuple[str | None, str]:
         """Our own re-check of an accused file before we appeal: `self_check`, then every check a
-        validator runs (`node.verify.PoolFileCheck`, with a prefill of the file's policy version), then,
-        when we hold the accuser's evidence document, each of its claims against our verdict. Returns
-        (why we must not appeal, or None; notes for the log and the `appeals` table)."""
+        validator runs (`node.verify.PoolFileCheck`, with a prefill of the file's policy version), then
+        each claim of the accuser's evidence document (from its gossip, else asked by its hash of the
+        accuser and the coordinator) against our verdict. Returns (why we must not appeal, or None;
+        notes for the log and the `appeals` table)."""
         why, data = self.self_check(key)
         if why is not None:
             return why, ""
         notes: list[str] = []
-        row = self.store.one("SELECT doc FROM evidence WHERE hash = ?", (evidence_hash.lower(),))
-        claims = None
-        if row is not None:
-            claims = parse_evidence(bytes(row["doc"]), expected_hash=evidence_hash, work_key=key)
-        else:
-            notes.append("the accuser's evidence document did not reach us")
+        claims = await self.evidence_of(key, evidence_hash.lower(), accuser)
+        if claims is None:
+            notes.append("the accuser's evidence document did not reach us, and nobody serves it")
         try:
             verdict = await self._model_check(data)
         except Exception as exc:  # our side cannot check (spec, weights, memory): the file's integrity decides
@@ -795,6 +795,23 @@ class Worker:
         if claims is not None:
             notes += [line for line in compare(claims, verdict) if line.startswith("DISPUTE")][:4]
         return None, "; ".join(notes)
+
+    async def evidence_of(self, key: str, digest: str, accuser: str) -> dict[str, Any] | None:
+        """The evidence document of hash `digest` about our work `key`: the copy its verdict brought,
+        else one asked by its hash of the accuser and the coordinator (and kept); None if none is had."""
+        row = self.store.one("SELECT doc FROM evidence WHERE hash = ?", (digest,))
+        if row is not None:
+            doc = bytes(row["doc"])
+            return parse_evidence(doc, expected_hash=digest, work_key=key, max_bytes=MAX_SERVED_EVIDENCE_BYTES)
+        if self.net is None:
+            return None
+        got = await fetch_evidence(self.net, self.coordinator_peer, accuser, digest, key)
+        if got is None:
+            return None
+        claims, doc = got
+        self._keep_evidence(digest, key, accuser or "fetched", doc)
+        log.info("had the evidence %s of the accusation of our work %s by its hash", digest[:14], key[:12])
+        return claims
 
     async def _model_check(self, data: bytes) -> dict[str, Any] | None:
         """The validators' whole check of our file `data` (None while its policy's weights cannot be
@@ -836,7 +853,7 @@ class Worker:
                 continue
             if self.store.one("SELECT 1 FROM rollouts WHERE work_key = ?", (key,)) is None:
                 continue  # work of another node of the same provider: its own worker answers
-            why, notes = await self.recheck(key, str(ev.args["evidenceHash"]))
+            why, notes = await self.recheck(key, str(ev.args["evidenceHash"]), str(ev.args["accuser"]))
             status, detail, tx = "appealed", notes, None
             if why is not None and self.cfg.cheat is not None:
                 # the devnet's cheater appeals anyway, betting on the committee: a true invalidation stands

@@ -32,12 +32,14 @@ from node import ops, protocol
 from node.chain import ChainClient, ChainError, Deployment
 from node.chain.errors import RpcUnavailable
 from node.chain.signing import RolloutClaim
-from node.daemon import ModelTools, connect_chain, count, model_tools, new_ledger_events, retry_rpc
+from node.daemon import ModelTools, connect_chain, count, model_tools, new_ledger_events, retry_rpc, serve_evidence
+from node.evidence import MAX_SERVED_EVIDENCE_BYTES, EvidenceError, failed_verdict, parse_evidence
 from node.p2p.blobs import BlobStore, serve_blobs
 from node.p2p.envelope import Envelope
 from node.p2p.host import COORDINATOR_MAX_CONNECTIONS, P2PError
 from node.p2p.membership import ChainMembership
 from node.p2p.network import PoolNetwork
+from node.p2p.rules import ROLE_VALIDATOR
 from node.policy import HISTORY, PolicyAnnouncement, RelayBook, announcement_sources, parse_heartbeat, relay_url
 from node.rollout.file import RolloutFile, RolloutFormatError
 from node.rollout.intake import completion_hashes
@@ -109,6 +111,10 @@ CREATE TABLE IF NOT EXISTS invalidated (       -- WorkInvalidated events of this
 CREATE TABLE IF NOT EXISTS invites (
     node TEXT PRIMARY KEY, nonce TEXT NOT NULL, expiry INTEGER NOT NULL, signature TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS evidence (          -- the pool's validators' evidence documents we keep and serve
+    hash TEXT PRIMARY KEY, work_key TEXT NOT NULL, sender TEXT NOT NULL, at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS evidence_work_key ON evidence(work_key);
 """
 
 
@@ -161,6 +167,8 @@ class Coordinator:
         self.store.add_column("rollouts", "signature", "TEXT")
         self.store.add_column("steps", "verified", "INTEGER NOT NULL DEFAULT 0")
         self.blobs = BlobStore(cfg.data_dir / "blobs", cfg.max_rollout_bytes)
+        # evidence documents by hash: the trainer's own verdicts and those the pool's validators publish
+        self.evidence = BlobStore(cfg.data_dir / "evidence", MAX_SERVED_EVIDENCE_BYTES, suffix=".json")
         self.spec: TaskSpec | None = None
         self.env: Any = get_env(cfg.env) if cfg.env else None
         self.tools: ModelTools | None = None
@@ -292,12 +300,14 @@ class Coordinator:
                 )
                 async with self.net:
                     serve_blobs(self.net.node, self.blobs, max_uploads=32, allow=self.may_use_blobs)
+                    serve_evidence(self.net, self.evidence)
                     self.net.node.set_handler(protocol.INVITE_PROTOCOL, self._on_invite)
                     self.net.node.set_handler(protocol.TASK_PROTOCOL, self._on_task)
                     self.net.node.set_handler(protocol.SUBMIT_PROTOCOL, self._on_submit, timeout=60.0)
                     self.net.node.set_handler(protocol.SIGNATURE_PROTOCOL, self._on_signature)
                     nursery.start_soon(self._record_loop)
                     nursery.start_soon(self._heartbeat_loop)
+                    nursery.start_soon(self._evidence_loop)
                     nursery.start_soon(self._eject_loop)
                     nursery.start_soon(self._policy_loop)
                     nursery.start_soon(self._orphan_loop)
@@ -826,6 +836,48 @@ class Coordinator:
         async for env in self.net.subscribe("heartbeat"):
             self._on_heartbeat(env)
 
+    # Evidence documents kept per rollout: one per validator that found it failing, a few at most.
+    MAX_EVIDENCE_PER_KEY = 8
+
+    async def _evidence_loop(self) -> None:
+        assert self.net is not None
+        async for env in self.net.subscribe("verdict"):
+            self.keep_evidence(env.sender, env.body)
+
+    def keep_evidence(self, sender: str, body: bytes) -> bool:
+        """Keep the evidence document a pool validator's failed verdict carries, when it is about a
+        rollout we accepted and hashes to the hash it names, to serve it by that hash (the one on
+        chain): an accused worker that was offline when the verdict went round still gets it. At most
+        `MAX_EVIDENCE_PER_KEY` per rollout. Returns whether it was kept."""
+        assert self.membership is not None
+        if self.membership.snapshot().role(sender) != ROLE_VALIDATOR:
+            return False
+        got = failed_verdict(body)
+        if got is None:
+            return False
+        key, digest, doc = got
+        if self.store.one("SELECT 1 FROM rollouts WHERE work_key = ?", (key,)) is None:
+            return False
+        if self.store.one("SELECT 1 FROM evidence WHERE hash = ?", (digest,)) is not None:
+            return False
+        held = int(self.store.scalar("SELECT COUNT(*) FROM evidence WHERE work_key = ?", (key,)) or 0)
+        if held >= self.MAX_EVIDENCE_PER_KEY:
+            return False
+        try:
+            parse_evidence(doc, expected_hash=digest, work_key=key)
+            self.evidence.put(bytes(doc))
+        except EvidenceError as exc:
+            log.info("verdict on %s from %s carries no usable evidence document: %s", key[:12], sender, exc)
+            return False
+        except OSError as exc:
+            log.warning("could not keep the evidence %s on %s: %s", digest[:14], key[:12], exc)
+            return False
+        self.store.execute(
+            "INSERT OR IGNORE INTO evidence(hash, work_key, sender, at) VALUES(?, ?, ?, ?)",
+            (digest, key, sender.lower(), time.time()),
+        )
+        return True
+
     def _on_heartbeat(self, env: Envelope) -> None:
         now = time.time()
         self.heartbeats[env.sender] = now
@@ -1073,9 +1125,11 @@ class Coordinator:
             return folder
 
         ckpt = await trio.to_thread.run_sync(save)
-        return await trio.to_thread.run_sync(
-            lambda: self.weights.publish(ckpt / "model.safetensors", new, protect=protect)
-        )
+        # split in a worker thread; the store's maps and events change only here, in trio's thread (the
+        # weight server reads them between our awaits, and a relay's waiters are trio events)
+        manifest = await trio.to_thread.run_sync(self.weights.split_version, ckpt / "model.safetensors", new)
+        self.weights.adopt(manifest, protect)
+        return manifest
 
     def _commit_step(
         self,

@@ -7,6 +7,9 @@ Blobs are content-addressed by sha256 (keys are ``0x`` + 64 lowercase hex).  Two
 - ``/intellect/upload/1``: request msgpack ``[key_hex, offset, total_size, chunk]``, response
   ``[received_bytes, done]``; the server assembles into a bounded set of temp files and stores the
   blob only once its sha256 equals the declared key.
+- ``/intellect/evidence/1``: the blob protocol again, over a node's evidence documents (validators
+  serve their own; the coordinator those its pool's validators published), so the accused worker and
+  a committee member can have a verdict's evidence by the hash on chain when they missed its gossip.
 
 Errors on the serving side go through the host's error path (the handler raises), which the client
 sees as a ``P2PError``.
@@ -35,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 BLOB_PROTOCOL = "/intellect/blob/1"
 UPLOAD_PROTOCOL = "/intellect/upload/1"
+EVIDENCE_PROTOCOL = "/intellect/evidence/1"
 DEFAULT_CHUNK = 256 * 1024
 _KEY_RE = re.compile(r"^(?:0x)?([0-9a-fA-F]{64})$")
 _ENVELOPE_OVERHEAD = 256  # msgpack framing around a chunk, generously
@@ -232,9 +236,10 @@ def serve_blobs(
     stale_after: float = 120.0,
     allow: Callable[[str], bool] | None = None,
     accept_uploads: bool = True,
+    protocol: str = BLOB_PROTOCOL,
 ) -> None:
-    """Serve ``store`` on ``/intellect/blob/1`` and (with `accept_uploads`) accept verified uploads on
-    ``/intellect/upload/1``.
+    """Serve ``store`` on ``protocol`` (``/intellect/blob/1``) and (with `accept_uploads`) accept
+    verified uploads on ``/intellect/upload/1``.
 
     `allow(sender)` is asked first, before any byte is read from disk or written: a sender it refuses
     gets a one-line refusal and costs nothing else (the coordinator passes its membership check).
@@ -279,7 +284,7 @@ def serve_blobs(
         received, done = uploads.handle(sender, req[0], req[1], req[2], req[3])
         return msgpack.packb([received, done], use_bin_type=True)
 
-    node.set_handler(BLOB_PROTOCOL, on_blob, allow=allow)
+    node.set_handler(protocol, on_blob, allow=allow)
     if accept_uploads:
         # one chunk per request (uploaders send DEFAULT_CHUNK), with room for its key and offsets; a sender
         # `allow` refuses is turned away before its chunk is read
@@ -304,6 +309,7 @@ async def fetch_blob(
     max_bytes: int,
     timeout_per_chunk: float = 10,
     max_chunks: int | None = None,
+    protocol: str = BLOB_PROTOCOL,
 ) -> bytes:
     """Pull blob ``key`` from ``peer`` chunk by chunk; return it only if its sha256 equals ``key``.
 
@@ -326,7 +332,7 @@ async def fetch_blob(
         try:
             body = await node.request(
                 peer,
-                BLOB_PROTOCOL,
+                protocol,
                 msgpack.packb([key, len(buf)], use_bin_type=True),
                 timeout=timeout_per_chunk,
                 max_response=max_response,

@@ -153,7 +153,16 @@ class WeightStore:
         self, path: Path, version: int, shard_size: int = DEFAULT_SHARD_SIZE, protect: Collection[int] = ()
     ) -> Manifest:
         """Origin: split the checkpoint file into shards as ``version``, then prune (sparing the versions
-        in ``protect``). Returns the manifest."""
+        in ``protect``). Returns the manifest. (A trio daemon runs the two halves apart: `split_version`
+        in a worker thread, `adopt` in trio's.)"""
+        manifest = self.split_version(path, version, shard_size)
+        self.adopt(manifest, protect)
+        return manifest
+
+    def split_version(self, path: Path, version: int, shard_size: int = DEFAULT_SHARD_SIZE) -> Manifest:
+        """The blocking half of `publish`: the checkpoint split into shards in version ``version``'s
+        folder. It touches only the disk, never the store's maps or events, so it may run in a worker
+        thread while trio's thread serves the store; nothing is served until `adopt`."""
         if version in self._manifests:
             raise ValueError(f"version {version} already published")
         tmp = Path(tempfile.mkdtemp(dir=self.root, prefix=f".publish-{version}-"))
@@ -163,9 +172,13 @@ class WeightStore:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        return manifest
+
+    def adopt(self, manifest: Manifest, protect: Collection[int] = ()) -> None:
+        """The other half of `publish`, in the store's own thread: serve the version `split_version`
+        wrote (waking whoever waits for it), then prune, sparing the versions in ``protect``."""
         self._add(manifest, set(range(len(manifest.shards))))
         self.prune(protect)
-        return manifest
 
     def add_manifest(self, manifest: Manifest) -> None:
         """Relay: start holding ``manifest``'s version (already checked against the announced hash)."""

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -432,3 +433,49 @@ async def test_relay_probe_accepts_only_servers_of_the_pools_checkpoints(tmp_pat
             why = await probe_relay(client, "http://bad\x00host:1", history)  # refused, not raised
             assert why is not None and "InvalidURL" in why
         nursery.cancel_scope.cancel()
+
+
+class _ThreadWatchingStore(WeightStore):
+    """A weight store that notes the thread each change of its maps runs in (trio's own, or another)."""
+
+    def __init__(self, root: Path) -> None:
+        self.changed_in: list[int] = []
+        super().__init__(root, keep=1)
+
+    def _add(self, manifest: Manifest, present: set[int]) -> None:
+        self.changed_in.append(threading.get_ident())
+        super()._add(manifest, present)
+
+    def remove(self, version: int) -> None:
+        self.changed_in.append(threading.get_ident())
+        super().remove(version)
+
+
+async def test_the_coordinator_publishes_a_step_without_touching_the_store_from_a_thread(tmp_path: Path) -> None:
+    """The coordinator splits a new checkpoint in a worker thread while trio's thread serves the store:
+    the store's maps (which the server iterates) and its events change in trio's thread only."""
+    from eth_account import Account
+
+    from node.chain.deployment import Deployment
+    from pool.coordinator import Coordinator, CoordinatorConfig
+
+    c = Coordinator(
+        CoordinatorConfig(1, tmp_path / "c", "http://127.0.0.1:1", Deployment(31337, {}, 0)), Account.create()
+    )
+    c.weights = store = _ThreadWatchingStore(tmp_path / "origin")
+
+    class Trainer:  # what `_publish_step` asks of the GRPO trainer: its weights and optimizer state on disk
+        def save(self, folder: Path) -> Path:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "model.safetensors").write_bytes(os.urandom(3 * SHARD))
+            return folder
+
+        def save_optimizer(self, folder: Path) -> None:
+            (folder / "optimizer.pt").write_bytes(b"state")
+
+    c.trainer = Trainer()
+    for v in (1, 2):
+        m = await c._publish_step(v, protect=set())
+        assert m.version == v and store.complete(v)
+    assert store.versions() == [2]  # version 1 pruned (keep=1)
+    assert store.changed_in and set(store.changed_in) == {threading.get_ident()}
