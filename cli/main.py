@@ -1067,7 +1067,7 @@ def rollout_verify(
     appeal), each failure it claims is set against this check: "agree" or "DISPUTE" per claim."""
     from transformers import AutoTokenizer
 
-    from node.evidence import EvidenceError, compare, parse_evidence
+    from node.evidence import MAX_SERVED_EVIDENCE_BYTES, EvidenceError, compare, parse_evidence
     from node.inference.engine import HfPrefill
     from node.inference.models import ensure_model
     from node.rollout.checks import SamplingParams
@@ -1092,7 +1092,8 @@ def rollout_verify(
             raise ValueError(f"{wrong.reason}: {wrong.detail}")
         claims = None
         if evidence_file is not None:
-            claims = parse_evidence(Path(evidence_file).read_bytes(), work_key=work_key(data))
+            doc = Path(evidence_file).read_bytes()
+            claims = parse_evidence(doc, work_key=work_key(data), max_bytes=MAX_SERVED_EVIDENCE_BYTES)
         params: SamplingParams = spec.sampling_params()
         name = model or spec.model
         cal = Calibrated.load(thresholds or name)

@@ -273,3 +273,45 @@ def test_rollout_verify_command(vllm_engine, tools, tmp_path, capsys):
     junk.write_bytes(b"not parquet")
     assert entry(["rollout", "verify", str(junk)]) == 1
     assert "not a readable parquet file" in capsys.readouterr().err
+
+
+def test_rollout_verify_sets_an_evidence_document_against_its_own_check(vllm_engine, tools, tmp_path, capsys):
+    """`rollout verify FILE --evidence DOC`: each claim of a validator's evidence document, "agree" or
+    "DISPUTE"; a document about another file is refused with one line."""
+    import json
+
+    from cli.main import entry
+    from node.evidence import encode_evidence
+    from node.rollout.file import work_key
+
+    f = make_file(vllm_engine, tools)
+    good = tmp_path / "good.parquet"
+    good.write_bytes(f.to_bytes())
+    s = f.samples[0]
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(RolloutFile(f.header, [replace(s, reward=s.reward + 1)]).to_bytes())
+    assert entry(["rollout", "verify", str(bad), "--json"]) == 1
+    truth = json.loads(capsys.readouterr().out)
+    true_doc = tmp_path / "true.json"
+    true_doc.write_bytes(encode_evidence({**truth, "work_key": work_key(bad.read_bytes())})[0])
+    assert entry(["rollout", "verify", str(bad), "--evidence", str(true_doc)]) == 1
+    out = capsys.readouterr().out
+    assert "agree  file: evidence says reward_mismatch, our check says reward_mismatch" in out
+    assert "DISPUTE" not in out
+    # a lying validator's document on the honest file: every claim disputed, and the file stands
+    lie = {
+        "work_key": work_key(good.read_bytes()), "ok": False, "verdict": {"reason": "toploc_mismatch", "detail": ""},
+        "samples": [{"group": 0, "sample": 1, "reason": "toploc_mismatch"}],
+    }  # fmt: skip
+    lie_doc = tmp_path / "lie.json"
+    lie_doc.write_bytes(encode_evidence(lie)[0])
+    assert entry(["rollout", "verify", str(good), "--evidence", str(lie_doc), "--json"]) == 0
+    claims = json.loads(capsys.readouterr().out)["evidence"]
+    assert claims == [
+        "DISPUTE file: evidence says toploc_mismatch, our check says ok",
+        "DISPUTE group 0 sample 1: evidence says toploc_mismatch, ours ok",
+    ]
+    # the evidence of another file is not compared with this one
+    assert entry(["rollout", "verify", str(good), "--evidence", str(true_doc)]) != 0
+    err = capsys.readouterr().err
+    assert "is it the evidence of this file?" in err and "not work" in err
