@@ -19,7 +19,7 @@ from .chain import ChainClient, ChainError, Deployment
 from .chain.abi import topic
 from .chain.errors import RpcUnavailable
 from .chain.tx import TxJournal
-from .evidence import MAX_SERVED_EVIDENCE_BYTES, EvidenceError, parse_evidence
+from .evidence import MAX_EVIDENCE_PER_KEY, MAX_SERVED_EVIDENCE_BYTES, EvidenceError, failed_verdict, parse_evidence
 from .p2p.blobs import EVIDENCE_PROTOCOL, BlobStore, fetch_blob, serve_blobs
 from .p2p.discovery import parse_bootstrap
 from .p2p.host import P2PError, eth_address_from_peer_id
@@ -182,6 +182,29 @@ async def fetch_evidence(
         except (P2PError, EvidenceError) as exc:
             log.info("evidence %s not had from %s: %s", digest[:14], str(peer)[-16:], exc)
     return None
+
+
+def new_evidence(store: Any, sender: str, body: bytes) -> tuple[str, str, bytes, dict[str, Any]] | None:
+    """The evidence document a failed verdict message (`body`, from `sender`) carries, when it is about
+    one of the rollouts in `store` (a daemon's state with `rollouts` and `evidence` tables), not yet
+    held, under `MAX_EVIDENCE_PER_KEY` for its rollout, and hashes to the hash the verdict names:
+    (work key, evidence hash, document, the document parsed). None for anything else."""
+    got = failed_verdict(body)
+    if got is None:
+        return None
+    key, digest, doc = got
+    if store.one("SELECT 1 FROM rollouts WHERE work_key = ?", (key,)) is None:
+        return None
+    if store.one("SELECT 1 FROM evidence WHERE hash = ?", (digest,)) is not None:
+        return None
+    if int(store.scalar("SELECT COUNT(*) FROM evidence WHERE work_key = ?", (key,)) or 0) >= MAX_EVIDENCE_PER_KEY:
+        return None
+    try:
+        claims = parse_evidence(doc, expected_hash=digest, work_key=key)
+    except EvidenceError as exc:
+        log.info("verdict on %s from %s carries no usable evidence document: %s", key[:12], sender, exc)
+        return None
+    return key, digest, bytes(doc), claims
 
 
 def serve_evidence(net: PoolNetwork, docs: BlobStore) -> None:

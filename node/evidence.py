@@ -18,6 +18,9 @@ from typing import Any
 # file of a few hundred completions with their per-chunk figures fits; a larger one is not put on
 # gossip, only served by its hash.
 MAX_EVIDENCE_BYTES = 48 * 1024
+# Documents a worker or the coordinator keeps per rollout: one per validator that finds it failing, a
+# few at most (a validator flooding documents on one record fills these slots, no more).
+MAX_EVIDENCE_PER_KEY = 8
 # Served by hash (`node.p2p.blobs.EVIDENCE_PROTOCOL`, from the validator that wrote it and from the
 # coordinator): a verdict of the largest rollout file, with every chunk's figures, fits with room.
 MAX_SERVED_EVIDENCE_BYTES = 1 << 20

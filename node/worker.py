@@ -37,13 +37,14 @@ from .daemon import (
     count,
     fetch_evidence,
     model_tools,
+    new_evidence,
     new_ledger_events,
     open_pool_network,
     pool_peers,
     retry,
     retry_rpc,
 )
-from .evidence import MAX_SERVED_EVIDENCE_BYTES, EvidenceError, compare, failed_verdict, parse_evidence
+from .evidence import MAX_SERVED_EVIDENCE_BYTES, compare, parse_evidence
 from .p2p.blobs import BlobStore, serve_blobs, upload_blob
 from .p2p.host import P2PError, Refused
 from .p2p.network import PoolNetwork
@@ -709,9 +710,6 @@ class Worker:
                 self.last_error = str(exc)
                 log.warning("following accusations failed (will retry): %s", exc)
 
-    # Evidence documents kept per rollout of ours: one per validator that found it failing, a few at most.
-    MAX_EVIDENCE_PER_KEY = 8
-
     async def _verdict_loop(self) -> None:
         assert self.net is not None
         async for env in self.net.subscribe("verdict"):
@@ -719,25 +717,14 @@ class Worker:
 
     def take_evidence(self, sender: str, body: bytes) -> bool:
         """Keep the evidence document of a failed verdict on one of our rollouts (the network has checked
-        that `sender` is a validator or the coordinator), if it is the document its verdict names; the
-        appeal's re-check answers it claim by claim. Returns whether it was kept."""
-        got = failed_verdict(body)
+        that `sender` is a validator or the coordinator), if it is the document its verdict names
+        (`node.daemon.new_evidence`); the appeal's re-check answers it claim by claim. Returns whether
+        it was kept."""
+        got = new_evidence(self.store, sender, body)
         if got is None:
             return False
-        key, digest, doc = got
-        if self.store.one("SELECT 1 FROM rollouts WHERE work_key = ?", (key,)) is None:
-            return False
-        if self.store.one("SELECT 1 FROM evidence WHERE hash = ?", (digest,)) is not None:
-            return False
-        held = int(self.store.scalar("SELECT COUNT(*) FROM evidence WHERE work_key = ?", (key,)) or 0)
-        if held >= self.MAX_EVIDENCE_PER_KEY:
-            return False
-        try:
-            claims = parse_evidence(doc, expected_hash=digest, work_key=key)
-        except EvidenceError as exc:
-            log.info("verdict on %s from %s carries no usable evidence document: %s", key[:12], sender, exc)
-            return False
-        self._keep_evidence(digest, key, sender, bytes(doc))
+        key, digest, doc, claims = got
+        self._keep_evidence(digest, key, sender, doc)
         reason = claims["verdict"]["reason"]
         log.warning("validator %s finds our work %s failing (%s); evidence kept", sender, key[:12], reason)
         return True

@@ -32,8 +32,17 @@ from node import ops, protocol
 from node.chain import ChainClient, ChainError, Deployment
 from node.chain.errors import RpcUnavailable
 from node.chain.signing import RolloutClaim
-from node.daemon import ModelTools, connect_chain, count, model_tools, new_ledger_events, retry_rpc, serve_evidence
-from node.evidence import MAX_SERVED_EVIDENCE_BYTES, EvidenceError, failed_verdict, parse_evidence
+from node.daemon import (
+    ModelTools,
+    connect_chain,
+    count,
+    model_tools,
+    new_evidence,
+    new_ledger_events,
+    retry_rpc,
+    serve_evidence,
+)
+from node.evidence import MAX_SERVED_EVIDENCE_BYTES
 from node.p2p.blobs import BlobStore, serve_blobs
 from node.p2p.envelope import Envelope
 from node.p2p.host import COORDINATOR_MAX_CONNECTIONS, P2PError
@@ -836,9 +845,6 @@ class Coordinator:
         async for env in self.net.subscribe("heartbeat"):
             self._on_heartbeat(env)
 
-    # Evidence documents kept per rollout: one per validator that found it failing, a few at most.
-    MAX_EVIDENCE_PER_KEY = 8
-
     async def _evidence_loop(self) -> None:
         assert self.net is not None
         async for env in self.net.subscribe("verdict"):
@@ -846,29 +852,18 @@ class Coordinator:
 
     def keep_evidence(self, sender: str, body: bytes) -> bool:
         """Keep the evidence document a pool validator's failed verdict carries, when it is about a
-        rollout we accepted and hashes to the hash it names, to serve it by that hash (the one on
-        chain): an accused worker that was offline when the verdict went round still gets it. At most
-        `MAX_EVIDENCE_PER_KEY` per rollout. Returns whether it was kept."""
+        rollout we accepted and hashes to the hash it names (`node.daemon.new_evidence`), to serve it by
+        that hash (the one on chain): an accused worker that was offline when the verdict went round
+        still gets it. Returns whether it was kept."""
         assert self.membership is not None
         if self.membership.snapshot().role(sender) != ROLE_VALIDATOR:
             return False
-        got = failed_verdict(body)
+        got = new_evidence(self.store, sender, body)
         if got is None:
             return False
-        key, digest, doc = got
-        if self.store.one("SELECT 1 FROM rollouts WHERE work_key = ?", (key,)) is None:
-            return False
-        if self.store.one("SELECT 1 FROM evidence WHERE hash = ?", (digest,)) is not None:
-            return False
-        held = int(self.store.scalar("SELECT COUNT(*) FROM evidence WHERE work_key = ?", (key,)) or 0)
-        if held >= self.MAX_EVIDENCE_PER_KEY:
-            return False
+        key, digest, doc, _ = got
         try:
-            parse_evidence(doc, expected_hash=digest, work_key=key)
-            self.evidence.put(bytes(doc))
-        except EvidenceError as exc:
-            log.info("verdict on %s from %s carries no usable evidence document: %s", key[:12], sender, exc)
-            return False
+            self.evidence.put(doc)
         except OSError as exc:
             log.warning("could not keep the evidence %s on %s: %s", digest[:14], key[:12], exc)
             return False

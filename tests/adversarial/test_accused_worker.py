@@ -18,7 +18,7 @@ from eth_account import Account
 
 from node import protocol
 from node.chain.deployment import Deployment
-from node.evidence import MAX_EVIDENCE_BYTES, encode_evidence
+from node.evidence import MAX_EVIDENCE_BYTES, MAX_EVIDENCE_PER_KEY, encode_evidence
 from node.rollout.file import RolloutFile, work_key
 from node.worker import Worker, WorkerConfig
 from tests.adversarial.test_hostile_rollouts import _honest, _validator
@@ -144,7 +144,7 @@ def test_hostile_verdict_messages_are_dropped_and_bounded(tmp_path: Path, tiny_m
     # the real one is kept once; a flood of distinct documents on the same record stops at the cap
     assert w.take_evidence(sender, protocol.pack({"work_key": key, "ok": False, "evidence": digest, "doc": doc}))
     assert not w.take_evidence(sender, protocol.pack({"work_key": key, "ok": False, "evidence": digest, "doc": doc}))
-    for i in range(3 * Worker.MAX_EVIDENCE_PER_KEY):
+    for i in range(3 * MAX_EVIDENCE_PER_KEY):
         d, h = encode_evidence({**record, "n": i})
         w.take_evidence(sender, protocol.pack({"work_key": key, "ok": False, "evidence": h, "doc": d}))
-    assert w.store.scalar("SELECT COUNT(*) FROM evidence WHERE work_key = ?", (key,)) == Worker.MAX_EVIDENCE_PER_KEY
+    assert w.store.scalar("SELECT COUNT(*) FROM evidence WHERE work_key = ?", (key,)) == MAX_EVIDENCE_PER_KEY

@@ -23,7 +23,7 @@ from eth_account import Account
 from node import protocol
 from node.chain.deployment import Deployment
 from node.daemon import serve_evidence
-from node.evidence import MAX_EVIDENCE_BYTES, MAX_SERVED_EVIDENCE_BYTES, encode_evidence
+from node.evidence import MAX_EVIDENCE_BYTES, MAX_EVIDENCE_PER_KEY, MAX_SERVED_EVIDENCE_BYTES, encode_evidence
 from node.p2p.blobs import EVIDENCE_PROTOCOL, BlobStore, fetch_blob
 from node.p2p.host import P2PError
 from node.p2p.network import PoolNetwork
@@ -106,10 +106,10 @@ def test_the_coordinator_keeps_only_its_validators_documents_on_its_own_rollouts
     assert c.evidence.get(digest) == doc
     assert not c.keep_evidence(validator.address, _verdict(key, doc, digest))  # once
     # a validator flooding documents on one record fills a few slots, no more
-    for i in range(3 * Coordinator.MAX_EVIDENCE_PER_KEY):
+    for i in range(3 * MAX_EVIDENCE_PER_KEY):
         d, h = encode_evidence(_record(key, n=i))
         c.keep_evidence(validator.address, _verdict(key, d, h))
-    assert len(list((tmp_path / "c" / "evidence").iterdir())) == Coordinator.MAX_EVIDENCE_PER_KEY
+    assert len(list((tmp_path / "c" / "evidence").iterdir())) == MAX_EVIDENCE_PER_KEY
 
 
 async def test_an_accused_worker_that_missed_the_gossip_gets_the_evidence_by_hash(tmp_path: Path) -> None:
