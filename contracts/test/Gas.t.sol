@@ -3,6 +3,7 @@ pragma solidity ^0.8.24;
 
 import {Fixture} from "./utils/Fixture.sol";
 import {PoolManager} from "../src/PoolManager.sol";
+import {ProviderRegistry} from "../src/ProviderRegistry.sol";
 import {WorkLedger} from "../src/WorkLedger.sol";
 
 /// @notice Shared gas-measurement helpers. Every comparison measures the same operation on two
@@ -201,6 +202,75 @@ contract GasScalingTest is GasBase {
         vm.warp(t);
     }
 
+    /// @dev The owner's addValidator, removeValidator and rotateCoordinator cost the same in a pool of
+    /// 10 or 1,000 records and members.
+    function test_gas_poolAdmin_sameWith10Or1000RecordsAndMembers() public {
+        _poolAdminGas(small, address(0xA11)); // warm-up
+        _poolAdminGas(large, address(0xA11));
+        uint256[3] memory gs = _poolAdminGas(small, address(0xA12));
+        uint256[3] memory gl = _poolAdminGas(large, address(0xA12));
+        assertEq(pools.getPool(large).coordinator, COORD);
+        string[3] memory names = ["addValidator", "removeValidator", "rotateCoordinator"];
+        for (uint256 i; i < 3; ++i) {
+            _assertSameGas(gs[i], gl[i], names[i]);
+        }
+    }
+
+    /// @dev Gas of: naming `v` a validator of `poolId`, removing it, and rotating the coordinator key
+    /// away and back (the second rotation is measured).
+    function _poolAdminGas(uint256 poolId, address v) internal returns (uint256[3] memory g) {
+        PoolManager p = pools;
+        vm.startPrank(POOL_OWNER);
+        uint256 g0 = gasleft();
+        p.addValidator(poolId, v);
+        g[0] = g0 - gasleft();
+        g0 = gasleft();
+        p.removeValidator(poolId, v);
+        g[1] = g0 - gasleft();
+        p.rotateCoordinator(poolId, v);
+        g0 = gasleft();
+        p.rotateCoordinator(poolId, COORD);
+        g[2] = g0 - gasleft();
+        vm.stopPrank();
+    }
+
+    /// @dev unstake (which checks the floor of the provider's pools) and withdraw (which checks the
+    /// stake lock of its recorded work) cost the same for a provider of 22 nodes and 10 records as for
+    /// one of 1,012 nodes and 1,000 records.
+    function test_gas_unstakeAndWithdraw_sameWith10Or1000NodesAndRecords() public {
+        uint256[2] memory u;
+        uint256[2] memory w;
+        // Round 0 warms every slot both touch; round 1 measures, each provider already unbonding.
+        for (uint256 round; round < 2; ++round) {
+            _unstakeGas(ALICE);
+            _unstakeGas(BOB);
+            u[0] = _unstakeGas(ALICE);
+            u[1] = _unstakeGas(BOB);
+            vm.warp(block.timestamp + UNBONDING + WINDOW);
+            w[0] = _withdrawGas(ALICE);
+            w[1] = _withdrawGas(BOB);
+        }
+        _assertSameGas(u[0], u[1], "unstake");
+        _assertSameGas(w[0], w[1], "withdraw");
+    }
+
+    function _unstakeGas(address provider) internal returns (uint256 used) {
+        ProviderRegistry r = registry;
+        vm.prank(provider);
+        uint256 g = gasleft();
+        r.unstake(1e18);
+        used = g - gasleft();
+    }
+
+    function _withdrawGas(address provider) internal returns (uint256 used) {
+        ProviderRegistry r = registry;
+        vm.prank(provider);
+        uint256 g = gasleft();
+        r.withdraw();
+        used = g - gasleft();
+        assertEq(r.getProvider(provider).unbonding, 0);
+    }
+
     function test_gas_claim_sameWith10Or1000Records() public {
         vm.warp(block.timestamp + WINDOW);
         _claim(small, ALICE, smallKeys[0]);
@@ -276,23 +346,31 @@ contract GasScalingTest is GasBase {
     }
 }
 
-/// @notice createPool costs the same with 10 or 1,000 existing pools.
+/// @notice createPool and setDisputeTerms cost the same with 10 or 1,000 existing pools.
 contract GasCreatePoolTest is GasBase {
     function test_gas_createPool_sameWith10Or1000Pools() public {
         PoolManager.PoolParams memory p = _params();
         PoolManager pm = pools;
         vm.startPrank(POOL_OWNER);
+        PoolManager.DisputeTerms memory d = PoolManager.DisputeTerms(2 days, 1 days, 5, 1e18, address(0));
         while (pm.poolCount() < 10) pm.createPool(p);
         uint256 g = gasleft();
-        pm.createPool(p);
+        uint256 id = pm.createPool(p);
         uint256 gs = g - gasleft();
+        g = gasleft();
+        pm.setDisputeTerms(id, d);
+        uint256 ds = g - gasleft();
         while (pm.poolCount() < 1_000) pm.createPool(p);
         g = gasleft();
-        pm.createPool(p);
+        id = pm.createPool(p);
         uint256 gl = g - gasleft();
+        g = gasleft();
+        pm.setDisputeTerms(id, d);
+        uint256 dl = g - gasleft();
         vm.stopPrank();
         assertEq(pm.poolCount(), 1_001);
         _assertSameGas(gs, gl, "createPool");
+        _assertSameGas(ds, dl, "setDisputeTerms");
     }
 }
 
