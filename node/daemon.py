@@ -162,23 +162,37 @@ async def open_pool_network(
     return membership, net
 
 
+# Seconds one source has to hand over an evidence document (1 MiB at most): a source that dribbles it
+# out chunk by chunk is dropped then, so an accuser cannot hold the accused worker's appeals back.
+EVIDENCE_FETCH_TIMEOUT = 30.0
+
+
 async def fetch_evidence(
-    net: PoolNetwork, coordinator_peer: str | None, author: str, digest: str, work_key: str
+    net: PoolNetwork,
+    coordinator_peer: str | None,
+    author: str,
+    digest: str,
+    work_key: str,
+    timeout: float = EVIDENCE_FETCH_TIMEOUT,
 ) -> tuple[dict[str, Any], bytes] | None:
     """The evidence document of hash `digest` (the one on chain) about `work_key`, asked by its hash of
     its `author` (the accusing validator, when connected to us) and of the pool's coordinator (which
-    keeps what the pool's validators published): (the parsed document, its bytes), or None when
-    nobody serves it. Whatever a peer sends is checked against the hash before it is read."""
+    keeps what the pool's validators published), each for at most `timeout` seconds: (the parsed
+    document, its bytes), or None when nobody serves it. Whatever a peer sends is checked against the
+    hash before it is read."""
     sources: list[Any] = [p for p in net.node.peers if _address_of(p) == author.lower()]
     if coordinator_peer:
         sources.append(coordinator_peer)
     for peer in sources:
         try:
-            doc = await fetch_blob(
-                net.node, peer, digest, max_bytes=MAX_SERVED_EVIDENCE_BYTES, protocol=EVIDENCE_PROTOCOL
-            )
+            with trio.fail_after(timeout):
+                doc = await fetch_blob(
+                    net.node, peer, digest, max_bytes=MAX_SERVED_EVIDENCE_BYTES, protocol=EVIDENCE_PROTOCOL
+                )
             claims = parse_evidence(doc, expected_hash=digest, work_key=work_key, max_bytes=MAX_SERVED_EVIDENCE_BYTES)
             return claims, doc
+        except trio.TooSlowError:
+            log.info("evidence %s not had from %s within %.0f s", digest[:14], str(peer)[-16:], timeout)
         except (P2PError, EvidenceError) as exc:
             log.info("evidence %s not had from %s: %s", digest[:14], str(peer)[-16:], exc)
     return None

@@ -22,7 +22,7 @@ from eth_account import Account
 
 from node import protocol
 from node.chain.deployment import Deployment
-from node.daemon import serve_evidence
+from node.daemon import fetch_evidence, serve_evidence
 from node.evidence import MAX_EVIDENCE_BYTES, MAX_EVIDENCE_PER_KEY, MAX_SERVED_EVIDENCE_BYTES, encode_evidence
 from node.p2p.blobs import EVIDENCE_PROTOCOL, BlobStore, fetch_blob
 from node.p2p.host import P2PError
@@ -162,3 +162,38 @@ async def test_an_accused_worker_that_missed_the_gossip_gets_the_evidence_by_has
             )
             assert again == doc
     assert liar_doc != (vdir / f"{liar_digest[2:]}.json").read_bytes()
+
+
+async def test_an_accuser_that_dribbles_its_document_holds_the_worker_back_for_the_deadline_only(
+    tmp_path: Path,
+) -> None:
+    """A lying validator answers each chunk request just inside the per-request timeout with the least
+    it may send: without a deadline on the whole document, fetching it would take minutes per
+    accusation and the worker's appeals would queue behind it until their periods ran out."""
+    w, c, validator, _, key = _setup(tmp_path)
+    snapshot = c.membership.snapshot()  # type: ignore[union-attr]
+    doc, digest = encode_evidence(_record(key, pad="z" * (40 * 1024)))
+    assert c.keep_evidence(validator.address, _verdict(key, doc, digest))  # the coordinator saw the gossip
+    served = []
+
+    async def dribble(request: bytes, sender: str) -> bytes:
+        _, offset = msgpack.unpackb(request)
+        served.append(offset)
+        await trio.sleep(0.5)  # 10 chunks of 4 KiB: 5 s for the whole document
+        return msgpack.packb([len(doc), doc[offset : offset + 4096]], use_bin_type=True)
+
+    async with AsyncExitStack() as stack:
+        nets = [
+            await stack.enter_async_context(
+                PoolNetwork(private_key=bytes(k.key), pool=POOL, membership=lambda: snapshot)
+            )
+            for k in (c.key, w.node, validator)
+        ]
+        cnet, wnet, vnet = nets
+        serve_evidence(cnet, c.evidence)
+        vnet.node.set_handler(EVIDENCE_PROTOCOL, dribble)
+        await wnet.connect(vnet.listen_addrs[0])
+        with trio.fail_after(20):
+            got = await fetch_evidence(wnet, cnet.listen_addrs[0], validator.address, digest, key, timeout=2.0)
+    assert got is not None and got[1] == doc  # from the coordinator, once the accuser's time was up
+    assert 1 <= len(served) < 10, served  # the accuser was asked, and dropped before it had sent it all
