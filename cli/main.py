@@ -714,15 +714,43 @@ def work_submit(
     )
 
 
+EVIDENCE_HELP = (
+    "The evidence: its hash (0x + sha256), or the evidence document itself (`rollout verify FILE "
+    "--evidence-out DOC`), which must be about this work; its sha256 goes on chain."
+)
+
+
+def _evidence_hash(value: str, work_key: str) -> str:
+    """An --evidence value as the hash that goes on chain: a hash as given, or the sha256 of an evidence
+    document file, once the document is checked to be evidence about `work_key`."""
+    from node.evidence import MAX_SERVED_EVIDENCE_BYTES, EvidenceError, parse_evidence
+
+    if value.startswith("0x") and len(value) == 66:
+        return value
+    path = Path(value)
+    if not path.is_file():
+        raise ChainError(
+            f"--evidence {value}: neither a 0x-prefixed sha256 nor a file",
+            "pass the evidence hash, or the document `rollout verify FILE --evidence-out DOC` wrote",
+        )
+    doc = path.read_bytes()
+    try:
+        parse_evidence(doc, work_key=work_key, max_bytes=MAX_SERVED_EVIDENCE_BYTES)
+    except EvidenceError as exc:
+        raise ChainError(f"{value}: {exc}", "is it the evidence of this work?") from None
+    return "0x" + hashlib.sha256(doc).hexdigest()
+
+
 @work_group.command("invalidate")
 @click.option("--pool", "pool_id", type=int, required=True, help="Pool id.")
 @click.option("--key", "work_key", required=True, help="Work key.")
-@click.option("--evidence", default=ZERO32, help="Evidence hash (sha256 of the published evidence).")
+@click.option("--evidence", default=ZERO32, help=EVIDENCE_HELP)
 @click.option("--soft", is_flag=True, help="Revoke the units without a slash (e.g. data never served).")
 @common
 def work_invalidate(s: Settings, pool_id: int, work_key: str, evidence: str, soft: bool) -> None:
     """Invalidate recorded work before its deadline (one of the pool's validators). Hard by default:
     an accusation with the pool's bond, final (slash) once its appeal period ends unappealed."""
+    evidence = _evidence_hash(evidence, work_key)
 
     async def go() -> Any:
         async with await s.client() as c:
@@ -772,10 +800,13 @@ work_group.command("close-lapsed", help="Close a dispute whose vote ended withou
 @work_group.command("challenge")
 @click.option("--pool", "pool_id", type=int, required=True, help="Pool id.")
 @click.option("--key", "work_key", required=True, help="Work key.")
-@click.option("--evidence", required=True, help="Evidence hash (sha256 of the published evidence).")
+@click.option("--evidence", required=True, help=EVIDENCE_HELP)
 @common
 def work_challenge(s: Settings, pool_id: int, work_key: str, evidence: str) -> None:
-    """Challenge another provider's record before its deadline, with the pool's bond (any staked provider)."""
+    """Challenge another provider's record before its deadline, with the pool's bond (any staked provider).
+    Keep the evidence document: the committee re-checks the file itself, and anyone given the document
+    can check it against the hash on chain with `rollout verify FILE --evidence DOC`."""
+    evidence = _evidence_hash(evidence, work_key)
 
     async def go() -> Any:
         async with await s.client() as c:
@@ -1051,6 +1082,13 @@ def rollout_group() -> None:
     type=click.Path(exists=True, dir_okay=False),
     help="A validator's evidence document on this file: each of its claims is compared with this check.",
 )
+@click.option(
+    "--evidence-out",
+    "evidence_out",
+    type=click.Path(dir_okay=False, writable=True),
+    help="Write this check's verdict as an evidence document (canonical JSON; its sha256 is the evidence "
+    "hash `work invalidate` and `work challenge` put on chain).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def rollout_verify(
     file: str,
@@ -1059,6 +1097,7 @@ def rollout_verify(
     dtype: str,
     spec_file: str | None,
     evidence_file: str | None,
+    evidence_out: str | None,
     as_json: bool,
 ) -> None:
     """Run the validator's checks on a rollout file; exits 1 if it fails. Without --spec the header's own
@@ -1067,12 +1106,13 @@ def rollout_verify(
     appeal), each failure it claims is set against this check: "agree" or "DISPUTE" per claim."""
     from transformers import AutoTokenizer
 
-    from node.evidence import MAX_SERVED_EVIDENCE_BYTES, EvidenceError, compare, parse_evidence
+    from node.evidence import MAX_SERVED_EVIDENCE_BYTES, EvidenceError, compare, encode_evidence, parse_evidence
     from node.inference.engine import HfPrefill
     from node.inference.models import ensure_model
     from node.rollout.checks import SamplingParams
     from node.rollout.file import RolloutFile, RolloutFormatError, work_key
     from node.rollout.intake import check_terms
+    from node.store import write_file
     from node.tasks import get_env
     from node.tasks.prompts import prompt_encoder, stop_ids
     from node.taskspec import TaskSpec, parse_spec
@@ -1125,6 +1165,10 @@ def rollout_verify(
     if claims is not None:
         d["evidence"] = compare(claims, v.to_dict())
         line += "".join(f"\n  {c}" for c in d["evidence"])
+    if evidence_out is not None:
+        doc, d["evidence_hash"] = encode_evidence({"work_key": d["work_key"], "pool": h.pool_id, **v.to_dict()})
+        write_file(Path(evidence_out), doc)
+        line += f"\n  evidence document {evidence_out}: hash {d['evidence_hash']}"
     output(Settings(None, "", None, as_json), d, line)
     if not v.ok:
         sys.exit(1)

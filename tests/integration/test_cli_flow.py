@@ -11,6 +11,7 @@ import pytest
 
 from cli.main import entry
 from node.chain.anvil import ANVIL_KEYS
+from node.evidence import encode_evidence
 from tests.conftest import rpc_sync
 
 KEY = {
@@ -138,7 +139,23 @@ def _flow(url, tmp_path, monkeypatch, capsys):
     sub = cli.json("coordinator", "work", "submit", "--pool", pid, "--file", str(batch))
     assert sub["records"] == 4
 
-    inv = cli.json("validator", "work", "invalidate", "--pool", pid, "--key", keys[0], "--evidence", "0x" + "ee" * 32)
+    # the evidence as a document (what `rollout verify --evidence-out` writes): its sha256 goes on chain
+    doc, digest = encode_evidence({"work_key": keys[0], "ok": False, "verdict": {"reason": "r"}, "samples": []})
+    (tmp_path / "evidence.json").write_bytes(doc)
+    _, err = cli("validator", "work", "invalidate", "--pool", pid, "--key", keys[1], "--evidence",
+                 str(tmp_path / "evidence.json"), expect=1)  # fmt: skip
+    assert f"not work {keys[1]}" in err and "is it the evidence of this work?" in err and err.count("\n") == 1
+    inv = cli.json(
+        "validator",
+        "work",
+        "invalidate",
+        "--pool",
+        pid,
+        "--key",
+        keys[0],
+        "--evidence",
+        str(tmp_path / "evidence.json"),
+    )
     assert inv["bond"] == 5 * 10**18 and inv["provider"] == addr["provider"]  # an accusation: no slash yet
     _, err = cli("validator", "work", "finalize", "--pool", pid, "--key", keys[0], expect=1)
     assert "can be appealed until" in err and err.count("\n") == 1
@@ -164,6 +181,7 @@ def _flow(url, tmp_path, monkeypatch, capsys):
     assert n["records"] == 4 and n["invalidated_units"] == 100 and n["claimed_units"] == 900
     assert n["claimed_tokens"] == 9 * 10**18 and n["slashed_tokens"] == 5 * 10**18
     assert n["slashes"][0]["work_key"] == keys[0]
+    assert n["disputes"][0]["evidence"] == digest  # the document's sha256, as the event has it
     prov = rep["providers"][addr["provider"]]
     assert prov["slashed"] == 5 * 10**18 and prov["staked"] == 95 * 10**18
     out, _ = cli("admin", "audit", "--pool", pid, "--node", addr["node"])

@@ -290,10 +290,18 @@ def test_rollout_verify_sets_an_evidence_document_against_its_own_check(vllm_eng
     s = f.samples[0]
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(RolloutFile(f.header, [replace(s, reward=s.reward + 1)]).to_bytes())
-    assert entry(["rollout", "verify", str(bad), "--json"]) == 1
-    truth = json.loads(capsys.readouterr().out)
     true_doc = tmp_path / "true.json"
-    true_doc.write_bytes(encode_evidence({**truth, "work_key": work_key(bad.read_bytes())})[0])
+    assert entry(["rollout", "verify", str(bad), "--json", "--evidence-out", str(true_doc)]) == 1
+    truth = json.loads(capsys.readouterr().out)
+    # the document a validator's daemon would write: canonical JSON of the verdict, its sha256 the hash
+    doc, digest = encode_evidence(
+        {
+            "work_key": work_key(bad.read_bytes()),
+            "pool": f.header.pool_id,
+            **{k: truth[k] for k in ("ok", "verdict", "samples")},
+        }
+    )
+    assert true_doc.read_bytes() == doc and truth["evidence_hash"] == digest
     assert entry(["rollout", "verify", str(bad), "--evidence", str(true_doc)]) == 1
     out = capsys.readouterr().out
     assert "agree  file: evidence says reward_mismatch, our check says reward_mismatch" in out
