@@ -201,8 +201,9 @@ async def fetch_evidence(
 def new_evidence(store: Any, sender: str, body: bytes) -> tuple[str, str, bytes, dict[str, Any]] | None:
     """The evidence document a failed verdict message (`body`, from `sender`) carries, when it is about
     one of the rollouts in `store` (a daemon's state with `rollouts` and `evidence` tables), not yet
-    held, under `MAX_EVIDENCE_PER_KEY` for its rollout, and hashes to the hash the verdict names:
-    (work key, evidence hash, document, the document parsed). None for anything else."""
+    held, the first of its sender on that rollout (one flooding validator cannot crowd out the others),
+    under `MAX_EVIDENCE_PER_KEY` for the rollout, and hashes to the hash the verdict names: (work key,
+    evidence hash, document, the document parsed). None for anything else."""
     got = failed_verdict(body)
     if got is None:
         return None
@@ -210,6 +211,8 @@ def new_evidence(store: Any, sender: str, body: bytes) -> tuple[str, str, bytes,
     if store.one("SELECT 1 FROM rollouts WHERE work_key = ?", (key,)) is None:
         return None
     if store.one("SELECT 1 FROM evidence WHERE hash = ?", (digest,)) is not None:
+        return None
+    if store.one("SELECT 1 FROM evidence WHERE work_key = ? AND sender = ?", (key, sender.lower())) is not None:
         return None
     if int(store.scalar("SELECT COUNT(*) FROM evidence WHERE work_key = ?", (key,)) or 0) >= MAX_EVIDENCE_PER_KEY:
         return None

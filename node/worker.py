@@ -44,7 +44,7 @@ from .daemon import (
     retry,
     retry_rpc,
 )
-from .evidence import MAX_SERVED_EVIDENCE_BYTES, compare, parse_evidence
+from .evidence import MAX_SERVED_EVIDENCE_BYTES, EvidenceError, compare, parse_evidence
 from .p2p.blobs import BlobStore, serve_blobs, upload_blob
 from .p2p.host import P2PError, Refused
 from .p2p.network import PoolNetwork
@@ -764,14 +764,22 @@ class Worker:
         if why is not None:
             return why, ""
         notes: list[str] = []
-        claims = await self.evidence_of(key, evidence_hash.lower(), accuser)
+        claims: dict[str, Any] | None = None
+
+        async def get_claims() -> None:
+            nonlocal claims
+            claims = await self.evidence_of(key, evidence_hash.lower(), accuser)
+
+        # the document only annotates the decision: it is had while the model checks, never before it
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(get_claims)
+            try:
+                verdict = await self._model_check(data)
+            except Exception as exc:  # our side cannot check (spec, weights, memory): the file's integrity decides
+                verdict = None
+                notes.append(f"no model re-check ({type(exc).__name__}: {exc})")
         if claims is None:
-            notes.append("the accuser's evidence document did not reach us, and nobody serves it")
-        try:
-            verdict = await self._model_check(data)
-        except Exception as exc:  # our side cannot check (spec, weights, memory): the file's integrity decides
-            verdict = None
-            notes.append(f"no model re-check ({type(exc).__name__}: {exc})")
+            notes.insert(0, "no evidence document about this work reached us, and nobody serves one")
         if verdict is None:
             notes.append("appealing on the file's integrity alone")
             return None, "; ".join(notes)
@@ -788,8 +796,13 @@ class Worker:
         else one asked by its hash of the accuser and the coordinator (and kept); None if none is had."""
         row = self.store.one("SELECT doc FROM evidence WHERE hash = ?", (digest,))
         if row is not None:
-            doc = bytes(row["doc"])
-            return parse_evidence(doc, expected_hash=digest, work_key=key, max_bytes=MAX_SERVED_EVIDENCE_BYTES)
+            try:
+                return parse_evidence(
+                    bytes(row["doc"]), expected_hash=digest, work_key=key, max_bytes=MAX_SERVED_EVIDENCE_BYTES
+                )
+            except EvidenceError as exc:  # an accuser naming the evidence of another record: none for this one
+                log.warning("the evidence %s of the accusation of our work %s: %s", digest[:14], key[:12], exc)
+                return None
         if self.net is None:
             return None
         got = await fetch_evidence(self.net, self.coordinator_peer, accuser, digest, key)
@@ -840,7 +853,12 @@ class Worker:
                 continue
             if self.store.one("SELECT 1 FROM rollouts WHERE work_key = ?", (key,)) is None:
                 continue  # work of another node of the same provider: its own worker answers
-            why, notes = await self.recheck(key, str(ev.args["evidenceHash"]), str(ev.args["accuser"]))
+            try:
+                why, notes = await self.recheck(key, str(ev.args["evidenceHash"]), str(ev.args["accuser"]))
+            except Exception as exc:  # a fault of ours must not cost the appeal (nor kill the daemon)
+                log.exception("re-check of accused work %s failed", key[:12])
+                why, _ = self.self_check(key)
+                notes = f"re-check failed ({type(exc).__name__}: {exc}); deciding on the file's integrity alone"
             status, detail, tx = "appealed", notes, None
             if why is not None and self.cfg.cheat is not None:
                 # the devnet's cheater appeals anyway, betting on the committee: a true invalidation stands

@@ -848,9 +848,9 @@ class Coordinator:
     async def _evidence_loop(self) -> None:
         assert self.net is not None
         async for env in self.net.subscribe("verdict"):
-            self.keep_evidence(env.sender, env.body)
+            await self.keep_evidence(env.sender, env.body)
 
-    def keep_evidence(self, sender: str, body: bytes) -> bool:
+    async def keep_evidence(self, sender: str, body: bytes) -> bool:
         """Keep the evidence document a pool validator's failed verdict carries, when it is about a
         rollout we accepted and hashes to the hash it names (`node.daemon.new_evidence`), to serve it by
         that hash (the one on chain): an accused worker that was offline when the verdict went round
@@ -863,7 +863,7 @@ class Coordinator:
             return False
         key, digest, doc, _ = got
         try:
-            self.evidence.put(doc)
+            await trio.to_thread.run_sync(self.evidence.put, doc)  # an fsync'd write: not in the loop's thread
         except OSError as exc:
             log.warning("could not keep the evidence %s on %s: %s", digest[:14], key[:12], exc)
             return False

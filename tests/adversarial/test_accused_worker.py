@@ -79,7 +79,7 @@ def test_a_lying_validators_accusation_is_appealed_claim_by_claim(
     assert "DISPUTE group 0 sample 0: evidence says toploc-mismatch, ours ok" in notes
     # without the document (it never reached us) the re-check still decides, and says so
     why, notes = trio.run(w.recheck, key, "0x" + "11" * 32)
-    assert why is None and "did not reach us" in notes
+    assert why is None and "no evidence document about this work reached us" in notes
 
 
 def test_a_file_our_own_recheck_fails_is_not_appealed(
@@ -141,10 +141,14 @@ def test_hostile_verdict_messages_are_dropped_and_bounded(tmp_path: Path, tiny_m
     for name, body in hostile.items():
         assert not w.take_evidence(sender, body), name
     assert w.store.scalar("SELECT COUNT(*) FROM evidence") == 0
-    # the real one is kept once; a flood of distinct documents on the same record stops at the cap
+    # the real one is kept once; a flood of distinct documents from its sender keeps only the first,
+    # and the documents of many senders on the same record stop at the cap
     assert w.take_evidence(sender, protocol.pack({"work_key": key, "ok": False, "evidence": digest, "doc": doc}))
     assert not w.take_evidence(sender, protocol.pack({"work_key": key, "ok": False, "evidence": digest, "doc": doc}))
-    for i in range(3 * MAX_EVIDENCE_PER_KEY):
+    for i in range(3):
         d, h = encode_evidence({**record, "n": i})
-        w.take_evidence(sender, protocol.pack({"work_key": key, "ok": False, "evidence": h, "doc": d}))
+        assert not w.take_evidence(sender, protocol.pack({"work_key": key, "ok": False, "evidence": h, "doc": d}))
+    for i in range(3 * MAX_EVIDENCE_PER_KEY):
+        d, h = encode_evidence({**record, "n": 100 + i})
+        w.take_evidence(f"0x{i:040x}", protocol.pack({"work_key": key, "ok": False, "evidence": h, "doc": d}))
     assert w.store.scalar("SELECT COUNT(*) FROM evidence WHERE work_key = ?", (key,)) == MAX_EVIDENCE_PER_KEY

@@ -83,7 +83,7 @@ def _setup(tmp_path: Path) -> tuple[Worker, Coordinator, Any, Any, str]:
     return w, c, validator, outsider, key
 
 
-def test_the_coordinator_keeps_only_its_validators_documents_on_its_own_rollouts(tmp_path: Path) -> None:
+async def test_the_coordinator_keeps_only_its_validators_documents_on_its_own_rollouts(tmp_path: Path) -> None:
     w, c, validator, _, key = _setup(tmp_path)
     doc, digest = encode_evidence(_record(key))
     other_key = "0x" + "44" * 32
@@ -100,15 +100,21 @@ def test_the_coordinator_keeps_only_its_validators_documents_on_its_own_rollouts
         "a passing verdict": (validator.address, protocol.pack({"work_key": key, "ok": True, "evidence": digest})),
     }
     for name, (sender, body) in hostile.items():
-        assert not c.keep_evidence(sender, body), name
+        assert not await c.keep_evidence(sender, body), name
     assert list((tmp_path / "c" / "evidence").iterdir()) == []
-    assert c.keep_evidence(validator.address, _verdict(key, doc, digest))
+    assert await c.keep_evidence(validator.address, _verdict(key, doc, digest))
     assert c.evidence.get(digest) == doc
-    assert not c.keep_evidence(validator.address, _verdict(key, doc, digest))  # once
-    # a validator flooding documents on one record fills a few slots, no more
-    for i in range(3 * MAX_EVIDENCE_PER_KEY):
+    assert not await c.keep_evidence(validator.address, _verdict(key, doc, digest))  # once
+    # a validator flooding documents on one record keeps its first, and crowds out no other validator
+    for i in range(3):
         d, h = encode_evidence(_record(key, n=i))
-        c.keep_evidence(validator.address, _verdict(key, d, h))
+        assert not await c.keep_evidence(validator.address, _verdict(key, d, h))
+    others = [Account.create().address for _ in range(2 * MAX_EVIDENCE_PER_KEY)]
+    roles = c.membership.snapshot()  # type: ignore[union-attr]
+    c.membership = _Roles(Membership(POOL, roles.coordinator, frozenset({validator.address, *others}), roles.members))  # type: ignore[assignment]
+    for i, other in enumerate(others):  # the pool's validators together fill a few slots, no more
+        d, h = encode_evidence(_record(key, n=100 + i))
+        await c.keep_evidence(other, _verdict(key, d, h))
     assert len(list((tmp_path / "c" / "evidence").iterdir())) == MAX_EVIDENCE_PER_KEY
 
 
@@ -116,7 +122,7 @@ async def test_an_accused_worker_that_missed_the_gossip_gets_the_evidence_by_has
     w, c, validator, outsider, key = _setup(tmp_path)
     snapshot = c.membership.snapshot()  # type: ignore[union-attr]
     doc, digest = encode_evidence(_record(key))
-    assert c.keep_evidence(validator.address, _verdict(key, doc, digest))  # the coordinator saw the gossip
+    assert await c.keep_evidence(validator.address, _verdict(key, doc, digest))  # the coordinator saw the gossip
     # the accuser's own documents: one it published, one too large for gossip, one whose file holds other bytes
     vdir = tmp_path / "v" / "evidence"
     vdir.mkdir(parents=True)
@@ -139,6 +145,8 @@ async def test_an_accused_worker_that_missed_the_gossip_gets_the_evidence_by_has
             claims = await w.evidence_of(key, digest, validator.address)
             assert claims is not None and claims["verdict"]["reason"] == "toploc-mismatch"
             assert w.store.scalar("SELECT doc FROM evidence WHERE hash = ?", (digest,)) == doc
+            # an accusation of another record of ours naming that same document: no evidence for it, no crash
+            assert await w.evidence_of("0x" + "55" * 32, digest, validator.address) is None
             # a document only its author holds (too large for gossip), from the accuser once connected
             assert await w.evidence_of(key, big_digest, validator.address) is None
             await wnet.connect(vnet.listen_addrs[0])
@@ -154,9 +162,12 @@ async def test_an_accused_worker_that_missed_the_gossip_gets_the_evidence_by_has
             # an outsider is refused; requests that are not hashes are refused and change nothing
             with pytest.raises(P2PError, match="refused"):
                 await fetch_blob(onet.node, cnet.listen_addrs[0], digest, max_bytes=1 << 20, protocol=EVIDENCE_PROTOCOL)
-            for bad in (["../coordinator.db", 0], ["0x" + "zz" * 32, 0], ["0x" + "00" * 32, 0], [digest, -1], "x"):
-                with pytest.raises(P2PError, match="refused"):
+            (tmp_path / "c" / "coordinator.db.json").write_bytes(b"not to be served")
+            for bad in (["../coordinator.db", 0], ["0x" + "zz" * 32, 0], [digest, -1], "x"):
+                with pytest.raises(P2PError, match="handler error: ValueError"):
                     await wnet.node.request(cnet.listen_addrs[0], EVIDENCE_PROTOCOL, msgpack.packb(bad))
+            with pytest.raises(P2PError, match="handler error: KeyError"):  # a hash nobody holds
+                await wnet.node.request(cnet.listen_addrs[0], EVIDENCE_PROTOCOL, msgpack.packb(["0x" + "00" * 32, 0]))
             again = await fetch_blob(
                 wnet.node, cnet.listen_addrs[0], digest, max_bytes=1 << 20, protocol=EVIDENCE_PROTOCOL
             )
@@ -173,7 +184,7 @@ async def test_an_accuser_that_dribbles_its_document_holds_the_worker_back_for_t
     w, c, validator, _, key = _setup(tmp_path)
     snapshot = c.membership.snapshot()  # type: ignore[union-attr]
     doc, digest = encode_evidence(_record(key, pad="z" * (40 * 1024)))
-    assert c.keep_evidence(validator.address, _verdict(key, doc, digest))  # the coordinator saw the gossip
+    assert await c.keep_evidence(validator.address, _verdict(key, doc, digest))  # the coordinator saw the gossip
     served = []
 
     async def dribble(request: bytes, sender: str) -> bytes:
