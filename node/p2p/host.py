@@ -1432,6 +1432,10 @@ class P2PNode:
             if stream is not None:
                 await _reset(stream)
             raise P2PError(f"request {protocol_id} failed: {exc!r}") from exc
+        except BaseException:  # cancelled from outside (a caller's deadline): the stream goes too (shielded)
+            if stream is not None:
+                await _reset(stream)
+            raise
         with trio.move_on_after(1.0):
             with suppress(Exception):
                 await stream.close()

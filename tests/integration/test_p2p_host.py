@@ -434,3 +434,29 @@ async def test_peer_ips_names_where_chosen_peers_connect_from() -> None:
         assert a.peer_ips(lambda address: address == b.address) == {"127.0.0.1"}
         assert a.peer_ips(lambda address: False) == set()
         assert a.peer_ips(lambda address: 1 / 0 > 0) == set()  # a predicate that raises selects nobody
+
+
+async def test_a_request_cancelled_by_its_caller_resets_its_stream() -> None:
+    """A caller's own deadline (a cancel scope around `request`, not its `timeout`) must not leave the
+    stream open on the connection: each one would hold muxer state and a buffered reply until the
+    connection closes."""
+
+    async def slow(request: bytes, sender: str) -> bytes:
+        await trio.sleep(3)
+        return b"late"
+
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(P2PNode(private_key=new_key()))
+        b = await stack.enter_async_context(P2PNode(private_key=new_key()))
+        a.set_handler("/test/slow/1", slow)
+        await b.connect(a.listen_addrs[0])
+        conns = b._require_host().get_network().connections[a.peer_id]
+        muxed = (conns[0] if isinstance(conns, list) else conns).muxed_conn
+        await trio.sleep(0.5)  # the hosts' own streams (identify and the like) open meanwhile
+        before = len(muxed.streams)
+        for _ in range(8):
+            with trio.move_on_after(0.3) as scope:
+                await b.request(a.peer_id, "/test/slow/1", b"")
+            assert scope.cancelled_caught
+        # left open, each would still be there (8 more); a host stream or two may come and go meanwhile
+        assert len(muxed.streams) - before < 3, (before, len(muxed.streams))
