@@ -1123,7 +1123,8 @@ class Coordinator:
         # split in a worker thread; the store's maps and events change only here, in trio's thread (the
         # weight server reads them between our awaits, and a relay's waiters are trio events)
         manifest = await trio.to_thread.run_sync(self.weights.split_version, ckpt / "model.safetensors", new)
-        self.weights.adopt(manifest, protect)
+        gone = self.weights.adopt(manifest, protect)
+        await trio.to_thread.run_sync(lambda: [shutil.rmtree(d, ignore_errors=True) for d in gone])
         return manifest
 
     def _commit_step(

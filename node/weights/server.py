@@ -156,7 +156,8 @@ class WeightStore:
         in ``protect``). Returns the manifest. (A trio daemon runs the two halves apart: `split_version`
         in a worker thread, `adopt` in trio's.)"""
         manifest = self.split_version(path, version, shard_size)
-        self.adopt(manifest, protect)
+        for folder in self.adopt(manifest, protect):
+            shutil.rmtree(folder, ignore_errors=True)
         return manifest
 
     def split_version(self, path: Path, version: int, shard_size: int = DEFAULT_SHARD_SIZE) -> Manifest:
@@ -174,11 +175,13 @@ class WeightStore:
             raise
         return manifest
 
-    def adopt(self, manifest: Manifest, protect: Collection[int] = ()) -> None:
+    def adopt(self, manifest: Manifest, protect: Collection[int] = ()) -> list[Path]:
         """The other half of `publish`, in the store's own thread: serve the version `split_version`
-        wrote (waking whoever waits for it), then prune, sparing the versions in ``protect``."""
+        wrote (waking whoever waits for it), then stop serving all but the newest ``keep`` and those in
+        ``protect``. Returns the folders of the versions dropped, for the caller to delete (gigabytes
+        each: a trio caller does it in a worker thread)."""
         self._add(manifest, set(range(len(manifest.shards))))
-        self.prune(protect)
+        return [self._forget(v) for v in self._prunable(protect)]
 
     def add_manifest(self, manifest: Manifest) -> None:
         """Relay: start holding ``manifest``'s version (already checked against the announced hash)."""
@@ -232,18 +235,25 @@ class WeightStore:
 
     def prune(self, protect: Collection[int] = ()) -> list[int]:
         """Drop all but the newest ``keep`` versions and those in ``protect``; returns the versions removed."""
-        old = [v for v in sorted(self._manifests)[: -self.keep] if v not in protect]
+        old = self._prunable(protect)
         for v in old:
             self.remove(v)
         return old
 
+    def _prunable(self, protect: Collection[int]) -> list[int]:
+        return [v for v in sorted(self._manifests)[: -self.keep] if v not in protect]
+
     def remove(self, version: int) -> None:
         """Stop holding ``version`` (its files go; anyone waiting for its shards is answered)."""
+        shutil.rmtree(self._forget(version), ignore_errors=True)
+
+    def _forget(self, version: int) -> Path:
+        """Stop serving ``version`` and answer anyone waiting for its shards; returns its folder."""
         if self._manifests.pop(version, None) is not None:
             del self._manifest_bytes[version], self._present[version]
         for key in [k for k in self._waiters if k[0] == version]:
             self._waiters.pop(key).set()
-        shutil.rmtree(self._dir(version), ignore_errors=True)
+        return self._dir(version)
 
 
 # ---------------------------------------------------------------------- rate limit

@@ -446,9 +446,9 @@ class _ThreadWatchingStore(WeightStore):
         self.changed_in.append(threading.get_ident())
         super()._add(manifest, present)
 
-    def remove(self, version: int) -> None:
+    def _forget(self, version: int) -> Path:
         self.changed_in.append(threading.get_ident())
-        super().remove(version)
+        return super()._forget(version)
 
 
 async def test_the_coordinator_publishes_a_step_without_touching_the_store_from_a_thread(tmp_path: Path) -> None:
@@ -477,5 +477,6 @@ async def test_the_coordinator_publishes_a_step_without_touching_the_store_from_
     for v in (1, 2):
         m = await c._publish_step(v, protect=set())
         assert m.version == v and store.complete(v)
-    assert store.versions() == [2]  # version 1 pruned (keep=1)
+    assert store.versions() == [2]  # version 1 pruned (keep=1), its folder deleted
+    assert sorted(p.name for p in (tmp_path / "origin").iterdir()) == ["2"]
     assert store.changed_in and set(store.changed_in) == {threading.get_ident()}
