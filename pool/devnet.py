@@ -404,7 +404,8 @@ async def orchestrate(
                     await wait_until(lambda: True, "workers claiming final rewards")
                     await trio.sleep(1.0)
                 report = await audit(reader, pool_id)
-                disputes = await dispute_summary(reader, pool_id, roles)
+                bond = int((await reader.call("PoolManager", "disputeTerms", pool_id))["bond"])
+                disputes = dispute_summary(report.nodes, bond, roles)
             finally:
                 await reader.aclose()
     finally:
@@ -447,26 +448,21 @@ async def decide_disputes(reader: ChainClient, pool_id: int, wait_until: Any) ->
         await poll()
 
 
-async def dispute_summary(reader: ChainClient, pool_id: int, roles: Roles) -> dict[str, Any]:
-    """Every dispute of the pool from its events: who accused or challenged, whether it was appealed,
-    and the verdict; per accuser, how many of its accusations stood and the bonds it won or lost."""
-    events = await reader.events(["WorkLedger"], topics=[None, topic(pool_id)])
+def dispute_summary(nodes: dict[str, Any], bond: int, roles: Roles) -> dict[str, Any]:
+    """Every dispute of the pool, from the audit's replay of its events (`nodes`: the audit report's
+    ledgers): who accused or challenged, whether it was appealed, and the verdict; per accuser, how
+    many of its accusations stood and the bonds it lost (its `bond` for each one overturned)."""
     names = {v.address: n for n, v in [("validator", roles.validator), ("liar", roles.liar)]}
     names |= {j.address: f"juror{i + 1}" for i, j in enumerate(roles.jurors)}
     by_key: dict[str, dict[str, Any]] = {}
-    for e in events:
-        a = e.args
-        if e.name in ("WorkAccused", "WorkChallenged"):
-            accuser = a["accuser"] if e.name == "WorkAccused" else a["challenger"]
-            by_key[a["workKey"]] = {
-                "by": names.get(accuser, accuser), "provider": a["provider"], "appealed": False, "verdict": "open",
-                "kind": "accusation" if e.name == "WorkAccused" else "challenge",
+    for ledger in nodes.values():
+        for d in ledger["disputes"]:
+            if d["kind"] == "soft invalidation":
+                continue
+            by_key[d["work_key"]] = {
+                "by": names.get(d["by"], d["by"]), "provider": ledger["provider"], "appealed": d["kind"] == "appeal",
+                "verdict": d["verdict"], "kind": "challenge" if d["kind"] == "challenge" else "accusation",
             }  # fmt: skip
-        elif e.name == "WorkAppealed" and a["workKey"] in by_key:
-            by_key[a["workKey"]]["appealed"] = True
-        elif e.name == "DisputeResolved" and a["workKey"] in by_key:
-            by_key[a["workKey"]]["verdict"] = ("open", "upheld", "overturned", "lapsed")[int(a["verdict"])]
-            by_key[a["workKey"]]["bonds"] = int(a["bonds"])
     per: dict[str, dict[str, int]] = {}
     for d in by_key.values():
         p = per.setdefault(d["by"], {"accused": 0, "upheld": 0, "overturned": 0, "bonds_lost": 0})
@@ -474,7 +470,7 @@ async def dispute_summary(reader: ChainClient, pool_id: int, roles: Roles) -> di
         if d["verdict"] in ("upheld", "overturned"):
             p[d["verdict"]] += 1
         if d["verdict"] == "overturned":
-            p["bonds_lost"] += d.get("bonds", 0) // (2 if d["appealed"] else 1)
+            p["bonds_lost"] += bond
     return {"records": by_key, "by_accuser": per}
 
 
