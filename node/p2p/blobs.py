@@ -248,8 +248,12 @@ def serve_blobs(
     limit); idle ones expire after ``stale_after`` seconds when room is needed."""
     if chunk <= 0:
         raise ValueError("chunk must be positive")
-    uploads = _UploadState(
-        store, max_uploads, max_sender_bytes or 2 * store.max_bytes, stale_after, max_uploads_per_sender
+    # only a store that takes uploads gets their temp folder (a read-only one, an evidence folder say,
+    # holds its blobs and nothing else)
+    uploads = (
+        _UploadState(store, max_uploads, max_sender_bytes or 2 * store.max_bytes, stale_after, max_uploads_per_sender)
+        if accept_uploads
+        else None
     )
 
     def check_sender(sender: str) -> None:
@@ -281,6 +285,7 @@ def serve_blobs(
             and isinstance(req[3], bytes)
         ):
             raise ValueError("malformed upload request")
+        assert uploads is not None  # registered only with `accept_uploads`
         received, done = uploads.handle(sender, req[0], req[1], req[2], req[3])
         return msgpack.packb([received, done], use_bin_type=True)
 

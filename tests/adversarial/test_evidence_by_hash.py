@@ -173,6 +173,8 @@ async def test_an_accused_worker_that_missed_the_gossip_gets_the_evidence_by_has
             )
             assert again == doc
     assert liar_doc != (vdir / f"{liar_digest[2:]}.json").read_bytes()
+    # serving wrote nothing into the folders served: they hold the documents alone
+    assert all(p.suffix == ".json" for d in (vdir, tmp_path / "c" / "evidence") for p in d.iterdir())
 
 
 async def test_an_accuser_that_dribbles_its_document_holds_the_worker_back_for_the_deadline_only(
