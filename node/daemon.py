@@ -208,6 +208,8 @@ def new_evidence(store: Any, sender: str, body: bytes) -> tuple[str, str, bytes,
     if got is None:
         return None
     key, digest, doc = got
+    if doc is None:  # a verdict without its document (the coordinator's trainer's hint): nothing to keep
+        return None
     if store.one("SELECT 1 FROM rollouts WHERE work_key = ?", (key,)) is None:
         return None
     if store.one("SELECT 1 FROM evidence WHERE hash = ?", (digest,)) is not None:
