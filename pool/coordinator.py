@@ -238,6 +238,12 @@ class Coordinator:
                 str(r[0]): int(r[1])
                 for r in self.store.query("SELECT node, COUNT(*) FROM rollouts WHERE trained = -2 GROUP BY node")
             },
+            # rollouts that went into a policy step having passed the trainer's checks, per node (a group
+            # whose rewards are all equal has no advantage and trains no sample, but was still taken)
+            "trainer_took": {
+                str(r[0]): int(r[1])
+                for r in self.store.query("SELECT node, COUNT(*) FROM rollouts WHERE trained = 1 GROUP BY node")
+            },
             "samples_trained": int(self.store.scalar("SELECT COALESCE(SUM(samples), 0) FROM steps") or 0),
             "samples_verified": int(self.store.scalar("SELECT COALESCE(SUM(verified), 0) FROM steps") or 0),
             "relays": sorted(self.relays.live(time.time())),

@@ -492,6 +492,7 @@ def build_report(opts: DevnetOptions, roles: Roles, pool_id: int, procs: list[Pr
             "rollouts_accepted": acc.get("recorded", 0) + acc.get("accepted", 0),
             "rollouts_invalidated": ledger.get("invalidated_records", 0),
             "trainer_refused": coord.status.get("trainer_refused", {}).get(node, 0),
+            "trainer_took": coord.status.get("trainer_took", {}).get(node, 0),
             "units_recorded": ledger.get("recorded_units", 0),
             "units_invalidated": ledger.get("invalidated_units", 0),
             "units_claimed": ledger.get("claimed_units", 0),

@@ -144,8 +144,11 @@ def test_devnet_with_each_cheat_kind(tmp_path: Path, kind: str, reason: str) -> 
     }
     failed = {k for k, r in found if r != "ok"}
     assert len(failed) == 3 and {r for k, r in found if k in failed} == {reason}, found
+    # the trainer took honest files into its steps (the tiny model's groups often score alike, leaving no
+    # advantage, so whether any sample trained is luck) and trained on no sample it had not verified
+    assert report["nodes"]["worker1"]["trainer_took"] + report["nodes"]["worker2"]["trainer_took"] > 0
     t = report["training"]
-    assert t["samples_trained"] > 0 and t["samples_verified"] == t["samples_trained"]
+    assert t["samples_verified"] == t["samples_trained"]
     # honest workers deleted the files of their claimed (final) work; the cheater keeps its invalidated ones
     assert [list((tmp_path / "dn" / w / "rollouts").glob("*.parquet")) for w in ("worker1", "worker2")] == [[], []]
     assert len(list((tmp_path / "dn" / "cheater" / "rollouts").glob("*.parquet"))) == 3
