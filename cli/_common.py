@@ -16,6 +16,7 @@ from eth_account.signers.local import LocalAccount
 from node import keys
 from node.chain import ChainClient, ChainError, Deployment
 from node.chain.deployment import DEFAULT_DEPLOYMENT, NETWORKS
+from node.errors import ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -44,7 +45,7 @@ class Settings:
             return str(NETWORKS[dep.network].default_rpc_url)
         if dep is None:
             return str(NETWORKS["local"].default_rpc_url)
-        raise ChainError(f"no RPC URL for network {dep.network}", "pass --rpc-url or set INTELLECT_RPC_URL")
+        raise ConfigError(f"no RPC URL for network {dep.network}", "pass --rpc-url or set INTELLECT_RPC_URL")
 
     def account(self, required: bool = True) -> LocalAccount | None:
         try:

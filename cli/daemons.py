@@ -15,8 +15,8 @@ import click
 import trio
 
 from node import keys
-from node.chain import ChainError
 from node.daemon import setup_logging, until_signal
+from node.errors import ConfigError, PeerError
 from node.p2p.discovery import parse_bootstrap
 from node.protocol import ProtocolError
 from node.store import DISK_FULL, StoreError
@@ -51,10 +51,18 @@ def _leaves(exc: BaseException) -> Iterator[BaseException]:
         yield exc
 
 
+def _check_thresholds(thresholds: str | None) -> None:
+    """A bad --thresholds fails at once (a `ConfigError`), not after the chain, the spec and the model load."""
+    if thresholds:
+        from node.verify import Calibrated
+
+        Calibrated.load(thresholds)
+
+
 @contextlib.contextmanager
 def _daemon_errors() -> Iterator[None]:
-    """A daemon's fatal error as the CLI's one-line `ChainError`: trio nurseries wrap it in an
-    exception group, and state-file and protocol failures are not `ChainError`s themselves."""
+    """A daemon's fatal error as one `IntellectError` for the CLI's one line: trio nurseries wrap it in
+    an exception group, a full disk is an `OSError`, and a protocol violation is the peer's fault."""
     try:
         try:
             yield
@@ -64,14 +72,14 @@ def _daemon_errors() -> Iterator[None]:
                 raise
             raise leaves[0] from None
     except StoreError as exc:
-        raise ChainError(str(exc), "check --data-dir (writable, space left)") from None
+        raise StoreError(exc.message or str(exc), exc.hint or "check --data-dir (writable, space left)") from None
     except OSError as exc:
         if exc.errno not in DISK_FULL:
             raise
         where = f" ({exc.filename})" if exc.filename else ""
-        raise ChainError(f"out of disk space{where}: {exc.strerror}", "free space under --data-dir") from None
+        raise StoreError(f"out of disk space{where}: {exc.strerror}", "free space under --data-dir") from None
     except ProtocolError as exc:
-        raise ChainError(f"the coordinator: {exc}") from None
+        raise PeerError(f"the coordinator: {exc.message}", exc.hint) from None
 
 
 async def _serve(
@@ -173,7 +181,7 @@ def _node_key(data_dir: Path, node_keystore: str | None) -> Any:
 def _read_plain(path: Path) -> Any:
     data = json.loads(path.read_text())
     if "plain_private_key" not in data:
-        raise ChainError(f"{path} is an encrypted keystore", f"set {keys.PASSWORD_ENV}")
+        raise ConfigError(f"{path} is an encrypted keystore", f"set {keys.PASSWORD_ENV}")
     return keys.from_hex(data["plain_private_key"], str(path))
 
 
@@ -264,7 +272,7 @@ def join_command(
             worker = Worker(cfg, provider, node, confirm=_confirm, metrics=metrics)
             trio.run(_serve, worker, metrics, _host_port(metrics_at), "worker", d)
     except Declined as exc:
-        raise ChainError(f"not confirmed: {exc}", "pass --yes to skip the question") from None
+        raise ConfigError(f"not confirmed: {exc}", "pass --yes to skip the question") from None
 
 
 @click.command("validate")
@@ -309,6 +317,7 @@ def validate_command(
     from node.validator import Validator, ValidatorConfig
 
     setup_logging(verbose)
+    _check_thresholds(thresholds)
     d = Path(data_dir).expanduser()
     dep = s.deployment()
     key = s.account()
@@ -417,6 +426,7 @@ def coordinator_command(
     from pool.coordinator import Coordinator, CoordinatorConfig
 
     setup_logging(verbose)
+    _check_thresholds(thresholds)
     d = Path(data_dir).expanduser()
     dep = s.deployment()
     key = s.account()

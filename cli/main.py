@@ -21,6 +21,7 @@ from node.chain import ChainError, Deployment, RpcClient, RpcError, WrongChain
 from node.chain.deployment import NETWORKS
 from node.chain.messages import tokens
 from node.chain.signing import Invite
+from node.errors import ConfigError, IntellectError, one_line
 from pool.deploy import DeployParams, deploy
 
 from ._common import AMOUNT, Settings, common, output, run
@@ -111,9 +112,9 @@ def contracts_deploy(
     preset = NETWORKS[network]
     url = s.rpc_url or preset.default_rpc_url
     if not url:
-        raise ChainError(f"network {network} has no default RPC URL", "pass --rpc-url or set INTELLECT_RPC_URL")
+        raise ConfigError(f"network {network} has no default RPC URL", "pass --rpc-url or set INTELLECT_RPC_URL")
     if Path(s.deployment_path).exists() and not force:
-        raise ChainError(f"{s.deployment_path} already exists", "pass --force to replace it or --deployment FILE")
+        raise ConfigError(f"{s.deployment_path} already exists", "pass --force to replace it or --deployment FILE")
     acct = s.account()
     assert acct is not None
     params = DeployParams(
@@ -328,7 +329,7 @@ def node_add(s: Settings, units: int, node_keystore: str | None, node_addr: str 
             elif node_addr and signature:
                 node, sig = ops.checksum(node_addr, "node"), signature
             else:
-                raise ChainError(
+                raise ConfigError(
                     "no node key",
                     "pass --node-keystore, set INTELLECT_NODE_PRIVATE_KEY, or pass --node and --signature",
                 )
@@ -352,7 +353,7 @@ def node_sign(s: Settings, provider: str, node_keystore: str | None) -> None:
     """Sign a node binding with the node key (for a provider key kept elsewhere)."""
     nk = _node_account(node_keystore)
     if nk is None:
-        raise ChainError("no node key", "pass --node-keystore or set INTELLECT_NODE_PRIVATE_KEY")
+        raise ConfigError("no node key", "pass --node-keystore or set INTELLECT_NODE_PRIVATE_KEY")
 
     async def go() -> str:
         async with await s.client(signer=False) as c:
@@ -613,9 +614,9 @@ def pool_join(s: Settings, pool_id: int, invite_file: str) -> None:
     try:
         inv = Invite.from_dict(json.loads(Path(invite_file).read_text()))
     except FileNotFoundError:
-        raise ChainError(f"invite file {invite_file} not found", "ask the coordinator for an invite") from None
+        raise ConfigError(f"invite file {invite_file} not found", "ask the coordinator for an invite") from None
     except ValueError as exc:
-        raise ChainError(
+        raise ConfigError(
             f"invite file {invite_file} is not a valid invite ({exc})", "ask the coordinator for a new one"
         ) from None
 
@@ -692,9 +693,9 @@ def work_submit(
         try:
             data = json.loads(Path(batch_file).read_text())
         except (OSError, ValueError) as exc:
-            raise ChainError(f"cannot read work batch {batch_file}: {exc}") from None
+            raise ConfigError(f"cannot read work batch {batch_file}: {exc}") from None
         if not isinstance(data, list):
-            raise ChainError(f"work batch {batch_file} must be a JSON list of records")
+            raise ConfigError(f"work batch {batch_file} must be a JSON list of records")
         items = [ops.WorkItem.from_dict(d) for d in data]
     elif node and work_key and units:
         items = [ops.WorkItem(node, work_key, units, policy_version, proof)]
@@ -729,7 +730,7 @@ def _evidence_hash(value: str, work_key: str) -> str:
         return value
     path = Path(value)
     if not path.is_file():
-        raise ChainError(
+        raise ConfigError(
             f"--evidence {value}: neither a 0x-prefixed sha256 nor a file",
             "pass the evidence hash, or the document `rollout verify FILE --evidence-out DOC` wrote",
         )
@@ -737,7 +738,7 @@ def _evidence_hash(value: str, work_key: str) -> str:
     try:
         parse_evidence(doc, work_key=work_key, max_bytes=MAX_SERVED_EVIDENCE_BYTES)
     except EvidenceError as exc:
-        raise ChainError(f"{value}: {exc}", "is it the evidence of this work?") from None
+        raise ConfigError(f"{value}: {exc}", "is it the evidence of this work?") from None
     return "0x" + hashlib.sha256(doc).hexdigest()
 
 
@@ -1139,9 +1140,11 @@ def rollout_verify(
         cal = Calibrated.load(thresholds or name)
         env = get_env(spec.env)
     except EvidenceError as exc:
-        raise ChainError(f"{evidence_file}: {exc}", "is it the evidence of this file?") from None
+        raise ConfigError(f"{evidence_file}: {exc}", "is it the evidence of this file?") from None
+    except ConfigError:
+        raise
     except (RolloutFormatError, ValueError, KeyError, TypeError) as exc:
-        raise ChainError(f"{file}: {exc}") from None
+        raise ConfigError(f"{file}: {exc}") from None
     model_dir = ensure_model(name)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     prefill = HfPrefill(model_dir, dtype=dtype)  # type: ignore[arg-type]
@@ -1228,7 +1231,7 @@ def eval_cmd(
             progress=None if as_json else click.echo,
         )  # fmt: skip
     except FileNotFoundError as exc:
-        raise ChainError(str(exc), "pass the folder the coordinator saved (it holds model.safetensors)") from None
+        raise ConfigError(str(exc), "pass the folder the coordinator saved (it holds model.safetensors)") from None
     data = ev.to_dict("base")
     lines = [f"{problems} held-out {env_name} problems x {samples} samples, {ev.seconds:.0f} s"]
     for label in cps:
@@ -1354,8 +1357,8 @@ def entry(argv: list[str] | None = None) -> int:
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code
-    except ChainError as exc:
-        click.echo(f"error: {exc}", err=True)
+    except IntellectError as exc:
+        click.echo(f"error: {one_line(exc)}", err=True)
         return 1
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)

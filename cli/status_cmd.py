@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from node import keys, ops
-from node.chain import ChainError
+from node.errors import ConfigError
 from node.status import format_status, provider_status
 
 from ._common import Settings, common, output, run
@@ -33,7 +33,7 @@ def status_command(s: Settings, pool_id: int, node: str | None, provider: str | 
         # A keystore that fails to open is an error; a missing key is explained below.
         acct = s.account(required=bool(s.keystore or os.environ.get(keys.PRIVATE_KEY_ENV)))
         if acct is None:
-            raise ChainError(
+            raise ConfigError(
                 "no provider to show: no --provider, no --node and no signing key",
                 "pass --provider ADDR or --node ADDR, or a key with --keystore FILE / INTELLECT_PRIVATE_KEY",
             )

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from node.errors import IntellectError
+
 from .rollout.checks import SamplingTolerances
 from .toploc import Thresholds, build_proofs, verify_proofs
 from .verify import Calibrated
@@ -396,10 +398,13 @@ def calibrate(cfg: CalibrationConfig, progress: Callable[[str], None] = print, c
     return result
 
 
-class CalibrationFailed(RuntimeError):
+class CalibrationFailed(IntellectError):
+    """No thresholds separate the honest rollouts from the tampered ones."""
+
     def __init__(self, result: Calibrated, failures: list[str]) -> None:
         super().__init__(
-            "calibration found no thresholds that separate honest from tampered rollouts: " + "; ".join(failures)
+            "calibration found no thresholds that separate honest from tampered rollouts: " + "; ".join(failures),
+            "calibrate on more prompts, or check that the engine is the pool's",
         )
         self.result = result
 

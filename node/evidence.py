@@ -14,6 +14,8 @@ import hashlib
 import json
 from typing import Any
 
+from node.errors import IntellectError
+
 # Published inside a verdict message (at most `node.protocol.MAX_MESSAGE`, 64 KiB): a verdict of a
 # file of a few hundred completions with their per-chunk figures fits; a larger one is not put on
 # gossip, only served by its hash.
@@ -26,7 +28,7 @@ MAX_EVIDENCE_PER_KEY = 8
 MAX_SERVED_EVIDENCE_BYTES = 1 << 20
 
 
-class EvidenceError(ValueError):
+class EvidenceError(IntellectError, ValueError):
     """A document that is not the evidence it claims to be (wrong hash, work key, size or shape)."""
 
 

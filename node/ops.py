@@ -18,6 +18,7 @@ from .chain.errors import ChainError
 from .chain.messages import POOL_STATUS, RECORD_STATUS, tokens, when
 from .chain.signing import Invite, RolloutClaim, sign_node_binding
 from .chain.tx import Receipt
+from .errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +267,9 @@ class WorkItem:
                 proof_commitment=str(d.get("proof_commitment", "0x" + "00" * 32)),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise ChainError(f"malformed work record {d!r}: {exc}") from None
+            raise ConfigError(
+                f"malformed work record {d!r}: {exc}", "each record needs node, work_key and units"
+            ) from None
 
 
 def chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:

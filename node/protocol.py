@@ -17,7 +17,8 @@ from typing import Any
 
 import msgpack
 
-from .chain.errors import ChainError
+from node.errors import PeerError
+
 from .rollout.file import RolloutFile
 from .rollout.intake import Problem as Refusal
 from .rollout.intake import check_bounds, check_terms, implausible_repeats, reported_logps
@@ -34,16 +35,8 @@ MAX_MESSAGE = 64 * 1024
 REWARD_TOLERANCE = 1e-6
 
 
-class ProtocolError(ValueError):
-    """A message that does not follow the protocol (malformed, wrong types, refused); like
-    `ChainError`, a one-line message and an optional hint."""
-
-    def __init__(self, message: str, hint: str = "") -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
-
-    __str__ = ChainError.__str__
+class ProtocolError(PeerError, ValueError):
+    """A message that does not follow the protocol (malformed, wrong types, refused)."""
 
 
 def pack(obj: dict[str, Any]) -> bytes:

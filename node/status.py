@@ -19,6 +19,7 @@ from .chain.abi import DecodedEvent, topic
 from .chain.client import ChainClient
 from .chain.errors import ChainError
 from .chain.messages import POOL_STATUS, tokens, when
+from .errors import ConfigError
 from .ops import checksum
 
 ZERO_ADDRESS = "0x" + "00" * 20
@@ -54,7 +55,7 @@ async def resolve_provider(c: ChainClient, provider: str | None, node: str | Non
         return bound
     if signer:
         return checksum(signer)
-    raise ChainError("no provider to show", "pass --provider ADDR or --node ADDR, or a signing key (--keystore)")
+    raise ConfigError("no provider to show", "pass --provider ADDR or --node ADDR, or a signing key (--keystore)")
 
 
 async def provider_status(

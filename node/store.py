@@ -27,6 +27,8 @@ from typing import Any
 
 import trio
 
+from node.errors import IntellectError
+
 from .chain.errors import ChainError
 from .chain.tx import Receipt, TxSender
 from .evidence import encode_evidence
@@ -99,7 +101,7 @@ CREATE TABLE IF NOT EXISTS kv (k TEXT PRIMARY KEY, v TEXT NOT NULL);
 """
 
 
-class StoreError(RuntimeError):
+class StoreError(IntellectError):
     """The state file cannot be opened or written (disk full, permissions, corruption)."""
 
 

@@ -19,22 +19,16 @@ from urllib.parse import unquote, urlparse
 
 import httpx
 
+from node.errors import IntellectError
+
 MAX_SPEC_BYTES = 64 * 1024
 ENVIRONMENTS = ("math", "thinking-budget")
 # the sampling keys a spec may set; any other key is refused (a key nobody checks is a key to lie with)
 SAMPLING_KEYS = {"temperature", "top_p", "top_k", "max_tokens"}
 
 
-class TaskSpecError(ValueError):
+class TaskSpecError(IntellectError, ValueError):
     """The pool's task spec cannot be fetched, does not match its on-chain hash, or is malformed."""
-
-    def __init__(self, message: str, hint: str = "") -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
-
-    def __str__(self) -> str:
-        return f"{self.message} ({self.hint})" if self.hint else self.message
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from .daemon import (
     retry_rpc,
     serve_evidence,
 )
+from .errors import ConfigError
 from .evidence import MAX_EVIDENCE_BYTES, MAX_SERVED_EVIDENCE_BYTES
 from .p2p.blobs import BlobStore, fetch_blob
 from .p2p.host import P2PError, eth_address_from_peer_id
@@ -219,10 +220,10 @@ class Validator:
         try:
             spec = await pool_spec(info)
         except TaskSpecError as exc:
-            raise ChainError(exc.message, exc.hint or "a validator checks work against the pool's spec") from None
+            raise TaskSpecError(exc.message, exc.hint or "a validator checks work against the pool's spec") from None
         model = self.cfg.model or spec.model
         if model != spec.model and model.split(":")[0] != spec.model:
-            raise ChainError(
+            raise ConfigError(
                 f"--model {model} is not the model of pool {self.cfg.pool_id} ({spec.model}, from its task spec)",
                 f"run with --model {spec.model}, or leave --model out",
             )

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from node.errors import ConfigError
+
 from .rollout.checks import (
     OK,
     Reason,
@@ -71,11 +73,16 @@ class Calibrated:
         try:
             return cls.from_dict(json.loads(p.read_text()))
         except FileNotFoundError:
-            raise ValueError(
-                f"no calibrated thresholds for {name_or_path!r}; run `intellect-node toploc calibrate`"
+            raise ConfigError(
+                f"no thresholds file {str(name_or_path)!r} and no calibrated thresholds for a model of that name",
+                "pass a thresholds file (`intellect-node toploc calibrate` writes one) or a shipped model name",
             ) from None
+        except OSError as exc:
+            raise ConfigError(f"cannot read thresholds file {p}: {exc.strerror or exc}") from None
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"thresholds file {p} is malformed ({exc})") from None
+            raise ConfigError(
+                f"thresholds file {p} is malformed ({exc!r})", "write it with `intellect-node toploc calibrate`"
+            ) from None
 
 
 @dataclass(frozen=True)

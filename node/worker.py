@@ -25,6 +25,8 @@ from typing import Any
 import trio
 from eth_account.signers.local import LocalAccount
 
+from node.errors import IntellectError, PeerError
+
 from . import ops, protocol
 from .chain import ChainClient, ChainError, Deployment
 from .chain.errors import RpcUnavailable
@@ -114,11 +116,11 @@ class WorkerConfig:
     outage_max_delay: float = 60.0  # longest back-off between tries while the coordinator is down
 
 
-class PolicyUnavailable(Exception):
+class PolicyUnavailable(IntellectError):
     """No checkpoint a task allows could be fetched in time; the worker asks for work again later."""
 
 
-class Declined(Exception):
+class Declined(IntellectError):
     """The user answered no to a confirmation."""
 
 
@@ -307,7 +309,7 @@ class Worker:
         try:
             await self._retry_p2p(lambda: net.connect(peer), "connecting to the coordinator")
         except P2PError as exc:
-            raise ChainError(
+            raise PeerError(
                 f"the coordinator at {peer} is unreachable (gave up after {self.cfg.connect_wait:.0f} s): {exc}",
                 "check that the coordinator runs and that the pool's bootstrap address is current",
             ) from None
@@ -336,7 +338,7 @@ class Worker:
         try:
             data = await self._retry_p2p(lambda: node.request(peer, proto, protocol.pack(body), timeout=timeout), what)
         except P2PError as exc:
-            raise ChainError(f"{what}: the coordinator did not answer: {exc}", "is it running?") from None
+            raise PeerError(f"{what}: the coordinator did not answer: {exc}", "is it running?") from None
         if self.last_error.startswith(f"{what} failed"):
             self.last_error = ""
         return protocol.reply_body(data, what)
@@ -355,7 +357,7 @@ class Worker:
             return
         inv = reply.get("invite")
         if not isinstance(inv, dict):
-            raise ChainError("the coordinator sent a malformed invite")
+            raise PeerError("the coordinator sent a malformed invite")
         invite = Invite(
             pool_id=pool,
             node=self.node.address,
@@ -367,7 +369,7 @@ class Worker:
         )
         info = await ops.pool_info(c, pool)
         if invite.signer().lower() != str(info["coordinator"]).lower():
-            raise ChainError("the invite is not signed by the pool's coordinator", "ask the right coordinator")
+            raise PeerError("the invite is not signed by the pool's coordinator", "ask the right coordinator")
         await ops.join_pool(c, invite, pool)
         self._count("chain_tx_sent", kind="joinPool")
         log.info("node %s joined pool %d", self.node.address, pool)
@@ -467,7 +469,7 @@ class Worker:
         try:  # as long as any other request waits for the coordinator (--connect-wait)
             await self._retry_p2p(lambda: upload_blob(node, peer, data), f"upload of {key[:12]}")
         except P2PError as exc:
-            raise ChainError(f"upload of rollout {key} failed: {exc}", "the coordinator may be down") from None
+            raise PeerError(f"upload of rollout {key} failed: {exc}", "the coordinator may be down") from None
         self._count("rollouts_uploaded")
         try:
             reply = await self._request(

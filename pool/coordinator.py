@@ -42,6 +42,7 @@ from node.daemon import (
     retry_rpc,
     serve_evidence,
 )
+from node.errors import ConfigError
 from node.evidence import MAX_SERVED_EVIDENCE_BYTES
 from node.p2p.blobs import BlobStore, serve_blobs
 from node.p2p.envelope import Envelope
@@ -342,7 +343,7 @@ class Coordinator:
         try:
             return await pool_spec(info)
         except TaskSpecError as exc:
-            raise ChainError(exc.message, exc.hint or "serve the spec at the pool's spec URI") from None
+            raise TaskSpecError(exc.message, exc.hint or "serve the spec at the pool's spec URI") from None
 
     def load_spec(self, spec: TaskSpec) -> None:
         """Take the task terms from the pool's spec; a configured value that differs is an error."""
@@ -358,7 +359,7 @@ class Coordinator:
         wrong = [f"{k} {mine!r} (the spec says {theirs!r})" for k, (mine, theirs) in wanted.items()
                  if mine is not None and mine != theirs]  # fmt: skip
         if wrong:
-            raise ChainError(
+            raise ConfigError(
                 f"pool {cfg.pool_id}'s task spec disagrees with this coordinator's settings: {', '.join(wrong)}",
                 "leave those options out (the spec's values are used), or create a pool with another spec",
             )
@@ -375,9 +376,9 @@ class Coordinator:
         assert self.spec is not None and self.tools is not None
         try:
             calibrated = Calibrated.load(self.cfg.thresholds or self.spec.model)
-        except ValueError as exc:
-            raise ChainError(
-                f"cannot train pool {self.cfg.pool_id}: {exc}",
+        except ConfigError as exc:
+            raise ConfigError(
+                f"cannot train pool {self.cfg.pool_id}: {exc.message}",
                 "the trainer checks every rollout with the validators' thresholds; pass --thresholds FILE",
             ) from None
         return pool_checks(self.spec, self.tools, calibrated)

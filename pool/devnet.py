@@ -36,6 +36,7 @@ from node.chain.abi import topic
 from node.chain.anvil import ANVIL_KEYS, Anvil, free_port
 from node.chain.messages import tokens
 from node.chain.rpc import RpcClient
+from node.errors import IntellectError
 from node.keys import from_hex
 from node.p2p.host import identity_from_eth_key
 
@@ -323,8 +324,8 @@ def status_line(p: Proc) -> str:
     )
 
 
-class DevnetFailed(click.ClickException):
-    pass
+class DevnetFailed(IntellectError):
+    """The devnet did not reach the outcome it checks for (a role exited, a stage timed out, a wrong result)."""
 
 
 async def orchestrate(
@@ -361,14 +362,19 @@ async def orchestrate(
             show(stage)
             for p in procs:
                 if not p.alive():
+                    click.echo(f"--- {p.name}\n{p.tail()}", err=True)
                     raise DevnetFailed(
-                        f"{p.name} exited with code {p.popen.returncode if p.popen else '?'}:\n{p.tail()}"
+                        f"{p.name} exited with code {p.popen.returncode if p.popen else '?'}",
+                        f"its log is {p.log_path} (last lines above)",
                     )
             if cond():
                 return
             if time.monotonic() > deadline:
-                tails = "\n".join(f"--- {p.name}\n{p.tail(8)}" for p in procs)
-                raise DevnetFailed(f"timed out after {opts.timeout:.0f} s while: {stage}\n{tails}")
+                click.echo("\n".join(f"--- {p.name}\n{p.tail(8)}" for p in procs), err=True)
+                raise DevnetFailed(
+                    f"timed out after {opts.timeout:.0f} s while: {stage}",
+                    f"the roles' logs are in {opts.workdir} (last lines above); --timeout gives more time",
+                )
             await trio.sleep(1.0)
 
     try:

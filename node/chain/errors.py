@@ -1,24 +1,18 @@
 """Errors of the chain layer.
 
-Every error a user can cause carries a one-line message that names the problem and, where there is
-one, the fix (`hint`). The CLI prints `str(error)` and exits non-zero; nothing here prints.
+Like every `node.errors.IntellectError`, each carries a one-line message that names the problem and,
+where there is one, the fix (`hint`). The CLI prints `str(error)` and exits non-zero; nothing here prints.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from node.errors import ConfigError, IntellectError
 
-class ChainError(Exception):
+
+class ChainError(IntellectError):
     """Base class: a failure talking to the chain or a rule the chain enforces."""
-
-    def __init__(self, message: str, hint: str = "") -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
-
-    def __str__(self) -> str:
-        return f"{self.message}; {self.hint}" if self.hint else self.message
 
 
 class RpcUnavailable(ChainError):
@@ -38,11 +32,11 @@ class WrongChain(ChainError):
     """The RPC endpoint serves another chain than the deployment file names."""
 
 
-class DeploymentError(ChainError):
+class DeploymentError(ChainError, ConfigError):
     """The deployment file is missing, unreadable or does not match the chain."""
 
 
-class KeyLoadError(ChainError):
+class KeyLoadError(ChainError, ConfigError):
     """A key could not be loaded (missing keystore, wrong password, malformed hex)."""
 
 

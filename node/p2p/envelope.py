@@ -20,6 +20,8 @@ from eth_account.messages import encode_defunct
 from eth_account.signers.local import LocalAccount
 from eth_utils import keccak, to_checksum_address
 
+from node.errors import PeerError
+
 VERSION = 1
 KINDS = ("task", "rollout", "verdict", "heartbeat", "policy")
 MAX_ENVELOPE_BYTES = 256 * 1024
@@ -60,7 +62,7 @@ class RejectReason(StrEnum):
     BANNED = "banned"
 
 
-class EnvelopeError(ValueError):
+class EnvelopeError(PeerError, ValueError):
     """The single exception type of this package: a rejected message, with a machine-readable reason."""
 
     def __init__(self, reason: RejectReason, message: str) -> None:

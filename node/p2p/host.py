@@ -61,6 +61,8 @@ from libp2p.pubsub.rpc_queue import RpcQueue
 from libp2p.stream_muxer.yamux import yamux as _yamux_module
 from libp2p.tools.anyio_service import background_trio_service
 
+from node.errors import PeerError
+
 from .rules import SenderBudget
 
 logger = logging.getLogger(__name__)
@@ -134,7 +136,7 @@ _NOISY_LOGGERS = (
 )
 
 
-class P2PError(Exception):
+class P2PError(PeerError):
     """Any failure of the p2p layer that a caller should handle: dial, timeout, size, remote error."""
 
 
@@ -489,7 +491,7 @@ def _address_from_id_bytes(id_bytes: bytes) -> str:
     return eth_keys_mod.PublicKey.from_compressed_bytes(pub.to_bytes()).to_checksum_address()
 
 
-class Refused(Exception):
+class Refused(PeerError):
     """Raised by a request handler to turn a sender away (not a member, say): answered with a refusal,
     logged at debug level only, so outsiders cannot fill the log."""
 

@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from node.errors import IntellectError
 from node.rollout.footer import FooterError, Template, read_footer, read_pages, template
 
 FORMAT = "intellect-rollout/1"
@@ -51,7 +52,7 @@ SCHEMA = pa.schema(
 )
 
 
-class RolloutFormatError(ValueError):
+class RolloutFormatError(IntellectError, ValueError):
     """The bytes are not a valid rollout file."""
 
 

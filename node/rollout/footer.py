@@ -17,6 +17,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from node.errors import IntellectError
+
 MAGIC = b"PAR1"
 MAX_DEPTH = 12
 # A rollout's footer is a few KB (one row group of nine columns and the header); a bigger one is refused
@@ -73,7 +75,7 @@ def _code(spec: Spec) -> int:
     return _LIST if spec[0] == "list" else _STRUCT
 
 
-class FooterError(ValueError):
+class FooterError(IntellectError, ValueError):
     """The footer is not one a rollout file may have."""
 
 

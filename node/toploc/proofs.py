@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from node.errors import IntellectError
+
 from . import _gf
 
 CHUNK = 32
@@ -53,7 +55,7 @@ _EXP_MASK = 0x7F80
 _MANT_MASK = 0x007F
 
 
-class ProofFormatError(ValueError):
+class ProofFormatError(IntellectError, ValueError):
     """A proof or hidden-state tensor that cannot be checked: the work is unverifiable, not merely wrong."""
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 import httpx
 import trio
 
+from node.errors import IntellectError, PeerError
 from node.store import DISK_FULL
 from node.weights.manifest import (
     MANIFEST_FILE,
@@ -52,11 +53,11 @@ SHARD_TIMEOUT = 300.0
 DOWNLOAD_TIMEOUT = 3600.0
 
 
-class SourceError(Exception):
+class SourceError(PeerError):
     """One source failed to supply something (HTTP error, timeout, wrong bytes)."""
 
 
-class DownloadError(Exception):
+class DownloadError(IntellectError):
     """The download as a whole failed (no source can supply a shard, refused manifest, deadline, or
     the checkpoint cannot be written locally)."""
 

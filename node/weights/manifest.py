@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from node.errors import IntellectError
+
 FORMAT = "intellect-weights/1"
 DEFAULT_SHARD_SIZE = 16 * 1024 * 1024
 MIN_SHARD_SIZE = 1024
@@ -38,7 +40,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _READ = 1024 * 1024
 
 
-class IntegrityError(ValueError):
+class IntegrityError(IntellectError, ValueError):
     """Bytes that do not match their manifest (a shard or the whole file)."""
 
 

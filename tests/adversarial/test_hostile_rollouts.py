@@ -212,7 +212,7 @@ def test_a_validator_with_another_model_than_the_spec_refuses_to_start(tmp_path:
     """Started with the wrong --model it would find every honest file malformed and slash them all."""
     import pytest
 
-    from node.chain import ChainError
+    from node.errors import ConfigError
 
     uri, digest = write_spec(tmp_path / "spec")
     for model, ok in (("smollm2", False), ("tiny", True), (None, True)):
@@ -221,5 +221,5 @@ def test_a_validator_with_another_model_than_the_spec_refuses_to_start(tmp_path:
         if ok:
             assert trio.run(v.load_spec, {"specURI": uri, "specHash": digest, "poolId": 1}) == "tiny"
         else:
-            with pytest.raises(ChainError, match="is not the model of pool 1"):
+            with pytest.raises(ConfigError, match="is not the model of pool 1"):
                 trio.run(v.load_spec, {"specURI": uri, "specHash": digest, "poolId": 1})

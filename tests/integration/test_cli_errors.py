@@ -289,11 +289,11 @@ def test_a_daemon_out_of_disk_space_ends_with_one_line() -> None:
     """A full disk that a daemon cannot wait out ends it with a one-line error naming the file (trio
     wraps it in exception groups); any other OSError is a bug and keeps its traceback."""
     from cli.daemons import _daemon_errors
-    from node.chain.errors import ChainError
+    from node.store import StoreError
 
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/data/worker.db-wal")
     want = r"^out of disk space \(/data/worker\.db-wal\): No space left on device; free space"
-    with pytest.raises(ChainError, match=want), _daemon_errors():
+    with pytest.raises(StoreError, match=want), _daemon_errors():
         raise BaseExceptionGroup("daemon", [BaseExceptionGroup("nursery", [full])])
     with pytest.raises(ConnectionRefusedError), _daemon_errors():
         raise ConnectionRefusedError(errno.ECONNREFUSED, "refused")
