@@ -19,7 +19,7 @@ from eth_account import Account
 
 from node import ops
 from node.chain import ChainClient
-from node.chain.anvil import ANVIL_KEYS, Anvil
+from node.chain.anvil import ANVIL_KEYS, Anvil, advance_time
 from node.chain.rpc import RpcClient
 from node.keys import from_hex
 from pool.deploy import TOKEN, DeployParams, deploy
@@ -92,8 +92,7 @@ async def main(url: str) -> dict[str, float]:
     out["gas_vote"] = (await ops.vote(drawn[0], pid, key(200), False)).gas_used
     out["gas_vote_deciding"] = (await ops.vote(drawn[1], pid, key(200), False)).gas_used
     out["gas_challenge"] = (await ops.challenge(a, pid, key(201), "0x" + "cc" * 32)).gas_used
-    await a.rpc.request("evm_increaseTime", [3601])
-    await a.rpc.request("evm_mine", [])
+    await advance_time(a.rpc, 3601)
     out["gas_finalize_invalidation"] = (await ops.finalize_invalidation(v, pid, key(1))).gas_used
     out["gas_resolve_lapsed"] = (await ops.resolve_lapsed(v, pid, key(201))).gas_used
     keys = ["0x" + f"{i:064x}" for i in range(2, 2 + BATCH)]

@@ -23,16 +23,14 @@ import torch
 
 
 def make(args: argparse.Namespace) -> None:
-    from transformers import AutoTokenizer
 
     from node.inference.engine import SamplingSpec, VllmEngine
-    from node.inference.models import ensure_model
+    from node.inference.tools import model_tools
     from node.tasks.math import MathEnv
-    from node.tasks.prompts import prompt_encoder
     from node.toploc import build_proofs
 
-    model_dir = ensure_model(args.model)
-    encode = prompt_encoder(AutoTokenizer.from_pretrained(str(model_dir)))
+    tools = model_tools(args.model)
+    model_dir, encode = tools.path, tools.encode
     prompts = [encode(p.prompt) for p in MathEnv().problems(3, args.prompts)]
     with VllmEngine(model_dir, dtype="float32") as engine:
         groups = engine.generate(prompts, SamplingSpec(1.0, 1.0, args.max_tokens, 3), n=2)

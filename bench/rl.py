@@ -32,18 +32,16 @@ sys.path.insert(0, str(ROOT))
 
 from node.inference.engine import SamplingSpec, VllmEngine  # noqa: E402
 from node.inference.models import ensure_model  # noqa: E402
+from node.inference.tools import model_tools  # noqa: E402
 from node.rollout.build import build_rollout_file  # noqa: E402
 from node.rollout.file import RolloutFile, RolloutHeader  # noqa: E402
 from node.tasks.math import ThinkingBudgetEnv  # noqa: E402
-from node.tasks.prompts import prompt_encoder, stop_ids  # noqa: E402
 
 
 def serve_generation(conn: Any, model: str, args: argparse.Namespace) -> None:
     """The generator process (as a worker is): a vLLM engine answering generate/reload requests."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model)
-    encode, stops = prompt_encoder(tok), stop_ids(tok)
+    tools = model_tools(model)
+    encode, stops = tools.encode, tools.stop_ids
     env = ThinkingBudgetEnv()
     engine = VllmEngine(model, seed=0)
     conn.send("ready")
@@ -64,7 +62,7 @@ def serve_generation(conn: Any, model: str, args: argparse.Namespace) -> None:
         )
         groups = engine.generate([encode(p.prompt) for p in problems], spec, n=args.group)
         header = RolloutHeader(1, "0x" + "00" * 20, policy, env.name, 1000 + step, {"temperature": 1.0}, "tiny")
-        f = build_rollout_file(header, problems, groups, env=env, decode=lambda ids: tok.decode(ids))
+        f = build_rollout_file(header, problems, groups, env=env, decode=tools.decode)
         conn.send(f.to_bytes())
     engine.close()
 

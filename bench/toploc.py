@@ -22,8 +22,8 @@ import torch
 
 from node.inference.engine import HfPrefill, SamplingSpec, VllmEngine
 from node.inference.models import ensure_model
+from node.inference.tools import model_tools
 from node.tasks.math import MathEnv
-from node.tasks.prompts import prompt_encoder
 from node.toploc import build_proofs, verify_proofs
 
 
@@ -32,10 +32,8 @@ def generate(args: argparse.Namespace) -> None:
 
     Generation runs in its own process because a vLLM engine pins the process to one torch thread;
     the validator's prefill then gets the machine's threads, as a validator process would."""
-    from transformers import AutoTokenizer
-
-    model_dir = ensure_model(args.model)
-    encode = prompt_encoder(AutoTokenizer.from_pretrained(str(model_dir)))
+    tools = model_tools(args.model)
+    model_dir, encode = tools.path, tools.encode
     prompts = [encode(p.prompt) for p in MathEnv().problems(1, args.prompts)]
     sampling = SamplingSpec(temperature=1.0, top_p=1.0, max_tokens=args.max_tokens, seed=1)
     with VllmEngine(model_dir, dtype="float32") as engine:

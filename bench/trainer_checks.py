@@ -22,8 +22,8 @@ import dataclasses
 import json
 import time
 
-from node.daemon import model_tools
 from node.inference.engine import SamplingSpec, VllmEngine
+from node.inference.tools import model_tools
 from node.rollout.build import build_rollout_file
 from node.rollout.file import RolloutFile, RolloutHeader, chunks_for
 from node.tasks.math import get_env

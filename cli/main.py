@@ -17,11 +17,13 @@ import click
 
 from node import keys, ops
 from node.audit import audit as run_audit
-from node.chain import ChainError, Deployment, RpcClient, RpcError, WrongChain
+from node.chain import ChainError, Deployment, RpcClient, WrongChain
+from node.chain.anvil import advance_time
 from node.chain.deployment import NETWORKS
 from node.chain.messages import tokens
 from node.chain.signing import Invite
 from node.errors import ConfigError, IntellectError, one_line
+from node.fsio import write_file
 from pool.deploy import DeployParams, deploy
 
 from ._common import AMOUNT, Settings, common, output, run
@@ -597,7 +599,7 @@ def pool_invite(s: Settings, pool_id: int, node: str, ttl: int, nonce: int | Non
     inv = run(go)
     text = json.dumps(inv.to_dict(), indent=2)
     if out:
-        Path(out).write_text(text + "\n")
+        write_file(Path(out), (text + "\n").encode())
         output(
             s, inv.to_dict(), f"invite for node {inv.node} to pool {pool_id} written to {out} (expires {inv.expiry})"
         )
@@ -904,14 +906,6 @@ def chain_group() -> None:
     """Inspect the chain; move time on local chains."""
 
 
-async def _is_local(rpc: RpcClient) -> bool:
-    try:
-        version = str(await rpc.request("web3_clientVersion")).lower()
-    except RpcError:
-        return False
-    return version.startswith(("anvil", "hardhat", "ganache"))
-
-
 @chain_group.command("advance-time")
 @click.argument("seconds", type=click.IntRange(min=1))
 @common
@@ -921,11 +915,7 @@ def chain_advance(s: Settings, seconds: int) -> None:
     async def go() -> int:
         dep = Deployment.load(s.deployment_path) if Path(s.deployment_path).exists() else None
         async with RpcClient(s.url_for(dep)) as rpc:
-            if not await _is_local(rpc):
-                raise ChainError("advance-time works on local chains (anvil) only", "on a real network, wait")
-            await rpc.request("evm_increaseTime", [seconds])
-            await rpc.request("evm_mine", [])
-            return int((await rpc.get_block("latest"))["timestamp"], 16)
+            return await advance_time(rpc, seconds)
 
     ts = run(go)
     output(s, {"timestamp": ts}, f"chain time is now {ts}")
@@ -1045,7 +1035,7 @@ def toploc_calibrate(
         sys.exit(1)
     text = json.dumps(result.to_dict(), indent=2, sort_keys=True) + "\n"
     if out:
-        Path(out).write_text(text)
+        write_file(Path(out), text.encode())
     t = result.toploc
     summary = [
         f"{model}: exponent mismatches <= {t.exp_mismatch_max}, mantissa error mean <= {t.mant_err_mean_max}, "
@@ -1105,17 +1095,13 @@ def rollout_verify(
     sampling parameters are used (an inspection aid: a validator takes them from the pool's spec).
     With --evidence (a validator's evidence document, e.g. from its `evidence/` folder or a worker's
     appeal), each failure it claims is set against this check: "agree" or "DISPUTE" per claim."""
-    from transformers import AutoTokenizer
-
     from node.evidence import MAX_SERVED_EVIDENCE_BYTES, EvidenceError, compare, encode_evidence, parse_evidence
     from node.inference.engine import HfPrefill
-    from node.inference.models import ensure_model
+    from node.inference.tools import model_tools
     from node.rollout.checks import SamplingParams
     from node.rollout.file import RolloutFile, RolloutFormatError, work_key
     from node.rollout.intake import check_terms
-    from node.store import write_file
     from node.tasks import get_env
-    from node.tasks.prompts import prompt_encoder, stop_ids
     from node.taskspec import TaskSpec, parse_spec
     from node.verify import Calibrated, FileChecks, verify_file
 
@@ -1145,23 +1131,14 @@ def rollout_verify(
         raise
     except (RolloutFormatError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{file}: {exc}") from None
-    model_dir = ensure_model(name)
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    prefill = HfPrefill(model_dir, dtype=dtype)  # type: ignore[arg-type]
+    tools = model_tools(name)
+    prefill = HfPrefill(tools.path, dtype=dtype)  # type: ignore[arg-type]
 
     def run_prefill(prompt: list[int], completion: list[int]) -> Any:
         p = prefill.prefill(prompt, completion)
         return p.hidden, p.logprobs
 
-    checks = FileChecks(
-        params,
-        env,
-        prompt_encoder(tok),
-        lambda ids: tok.decode(ids, skip_special_tokens=True),
-        stop_ids(tok),
-        cal,
-        prefill.vocab_size,
-    )
+    checks = FileChecks(params, env, tools.encode, tools.decode, tools.stop_ids, cal, prefill.vocab_size)
     v = verify_file(f, run_prefill, checks)
     d = v.to_dict() | {"work_key": work_key(data), "units": f.units}
     line = f"{file}: {'valid' if v.ok else 'INVALID: ' + str(v.verdict.reason) + ' (' + v.verdict.detail + ')'}"

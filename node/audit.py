@@ -42,6 +42,12 @@ class Rec:
     vote_end: int = 0
     dispute_txs: list[str] = field(default_factory=list)
 
+    def final(self, now: int) -> bool:
+        """Whether the record is final at chain time `now`: still pending (not claimed, disputed or
+        invalidated) and past a known deadline. The one rule audit, claims and status share; a record
+        whose deadline no event gave (-1) is never final."""
+        return self.status == "pending" and 0 <= self.deadline <= now
+
 
 @dataclass
 class NodeLedger:
@@ -282,7 +288,7 @@ def node_ledgers(rebuilt: Rebuilt, now: int) -> dict[str, NodeLedger]:
         n.recorded_units += r.units
         if r.status == "pending":
             n.pending_units += r.units
-            if now >= r.deadline:
+            if r.final(now):
                 n.finalized_units += r.units
         elif r.status == "invalidated":
             n.invalidated_units += r.units

@@ -274,24 +274,20 @@ def measure(
     cfg: CalibrationConfig, progress: Callable[[str], None] = print, cache: Path | None = None
 ) -> dict[str, list[dict[str, float]]]:
     """Generate every honest and tampered case and measure each rollout's worst chunk and logprob error."""
-    from transformers import AutoTokenizer
-
     from .inference.engine import HfPrefill
-    from .inference.models import ensure_model
+    from .inference.tools import model_tools
     from .tasks.math import MathEnv
-    from .tasks.prompts import prompt_encoder
 
     started = time.monotonic()
-    model_dir = ensure_model(cfg.model)
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    encode = prompt_encoder(tok)
+    tools = model_tools(cfg.model)
+    model_dir, encode = tools.path, tools.encode
     problems = MathEnv().problems(cfg.seed, cfg.prompts)
     prompts = [encode(p.prompt) for p in problems]
     system = [encode("You are a pirate who answers in rhymes. " + p.prompt) for p in problems]
     changed = [list(p) for p in prompts]
     for p in changed:  # one prompt token (the last non-template one we can find) replaced
         j = max(0, len(p) - 3)
-        p[j] = (p[j] + 7) % len(tok)
+        p[j] = (p[j] + 7) % tools.vocab_size
     progress(f"calibrating {cfg.model}: {cfg.prompts} prompts x {cfg.samples} samples, {cfg.max_tokens} tokens")
     cached = (
         cache / f"{cfg.model.replace('/', '_')}-{cfg.prompts}-{cfg.samples}-{cfg.max_tokens}-{cfg.seed}.pt"

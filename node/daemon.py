@@ -3,12 +3,10 @@ retries, the pool's bootstrap peers, model tools, clean shutdown on SIGINT/SIGTE
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,7 @@ from .chain.abi import topic
 from .chain.errors import RpcUnavailable
 from .chain.tx import TxJournal
 from .evidence import MAX_EVIDENCE_PER_KEY, MAX_SERVED_EVIDENCE_BYTES, EvidenceError, failed_verdict, parse_evidence
+from .inference.tools import ModelTools
 from .p2p.blobs import EVIDENCE_PROTOCOL, BlobStore, fetch_blob, serve_blobs
 from .p2p.discovery import parse_bootstrap
 from .p2p.host import P2PError, eth_address_from_peer_id
@@ -244,36 +243,6 @@ def _address_of(peer: Any) -> str:
         return ""
 
 
-@dataclass
-class ModelTools:
-    """Tokenizer-derived functions every role needs for a model, identical on all of them."""
-
-    name: str
-    path: Path
-    encode: Callable[[str], list[int]]
-    decode: Callable[[list[int]], str]
-    stop_ids: set[int]
-    vocab_size: int = 0  # rows of the model's output layer: every token id it can emit is below this
-
-
-def model_tools(name: str) -> ModelTools:
-    from transformers import AutoTokenizer
-
-    from .inference.models import ensure_model
-    from .tasks.prompts import prompt_encoder, stop_ids
-
-    path = ensure_model(name)
-    tok = AutoTokenizer.from_pretrained(str(path))
-    return ModelTools(
-        name,
-        path,
-        prompt_encoder(tok),
-        lambda ids: str(tok.decode(ids, skip_special_tokens=True)),
-        stop_ids(tok),
-        model_vocab_size(path),
-    )
-
-
 class PolicyPrefills:
     """HF prefill models of a pool's policy versions, for checking files: version 0 is the base model;
     a later one is downloaded from the announced sources (checked against its announced hash) unless
@@ -314,15 +283,6 @@ class PolicyPrefills:
             del self.held[old]
         self.held[version] = model
         return model
-
-
-def model_vocab_size(path: Path) -> int:
-    """The vocabulary size in a model folder's config.json (the embedding and output rows)."""
-    cfg = json.loads((Path(path) / "config.json").read_text())
-    size = cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size")
-    if not isinstance(size, int) or size <= 0:
-        raise ValueError(f"{path}/config.json has no vocab_size")
-    return size
 
 
 async def until_signal(cancel: trio.CancelScope, what: str) -> None:

@@ -398,11 +398,7 @@ async def claimable_keys(c: ChainClient, pool_id: int, provider: str) -> list[st
     events = await c.events(["WorkLedger"], topics=[None, topic(pool_id)])
     now = await c.timestamp()
     ledger = rebuild(pool_id, events, [], {})
-    return [
-        r.work_key
-        for r in ledger.records.values()
-        if r.provider == provider and r.status == "pending" and 0 <= r.deadline <= now
-    ]
+    return [r.work_key for r in ledger.records.values() if r.provider == provider and r.final(now)]
 
 
 def why_not_claimable(work_key: str, rec: dict[str, Any], provider: str, now: int) -> str | None:

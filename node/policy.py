@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from node.fsio import atomic_dir
+
 from . import protocol
 
 HISTORY = 8
@@ -89,15 +91,11 @@ def checkpoint_folder(base_model: Path, weights: Path, out: Path) -> Path:
     next to the new `model.safetensors` (what `HfPrefill` and vLLM load)."""
     if (out / "model.safetensors").exists():
         return out
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for f in base_model.iterdir():
-        if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
-            shutil.copy2(f, tmp / f.name)
-    shutil.copy2(weights, tmp / "model.safetensors")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    with atomic_dir(out) as tmp:
+        for f in base_model.iterdir():
+            if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
+                shutil.copy2(f, tmp / f.name)
+        shutil.copy2(weights, tmp / "model.safetensors")
     return out
 
 

@@ -174,10 +174,10 @@ async def provider_status(
             "deadline": r.deadline,
             "recorded_tx": r.recorded_tx,
         }
-        if r.status == "pending" and now < r.deadline:
-            groups["pending"].append(base | {"time_left": r.deadline - now, "expected_reward": r.units * rate})
-        elif r.status == "pending":
+        if r.final(now):
             groups["claimable"].append(base | {"reward": r.units * rate})
+        elif r.status == "pending":
+            groups["pending"].append(base | {"time_left": max(r.deadline - now, 0), "expected_reward": r.units * rate})
         elif r.status == "claimed":
             groups["claimed"].append(base | {"reward": r.reward, "tx": r.settled_tx})
         elif r.status == "disputed":

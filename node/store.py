@@ -13,12 +13,9 @@ makes "no duplicate transaction" hold across crashes.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
-import os
 import sqlite3
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -28,6 +25,7 @@ from typing import Any
 import trio
 
 from node.errors import IntellectError
+from node.fsio import write_file
 
 from .chain.errors import ChainError
 from .chain.tx import Receipt, TxSender
@@ -38,21 +36,6 @@ log = logging.getLogger(__name__)
 # A write the disk cannot take for want of room (full, quota, the file size limit): it may fit later.
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 DISK_FULL_PREFIX = "cannot write "  # how `write_file_when_room` reports
-
-
-def write_file(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` durably: a temp file beside it, fsync, rename. Nothing is left on error."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def evidence_hash(record: dict[str, Any]) -> str:

@@ -33,11 +33,9 @@ from .chain import ChainClient, ChainError, Deployment
 from .chain.errors import RpcUnavailable
 from .chain.signing import RolloutClaim
 from .daemon import (
-    ModelTools,
     PolicyPrefills,
     connect_chain,
     count,
-    model_tools,
     new_ledger_events,
     open_pool_network,
     pool_peers,
@@ -46,6 +44,7 @@ from .daemon import (
 )
 from .errors import ConfigError
 from .evidence import MAX_EVIDENCE_BYTES, MAX_SERVED_EVIDENCE_BYTES
+from .inference.tools import ModelTools, model_tools
 from .p2p.blobs import BlobStore, fetch_blob
 from .p2p.host import P2PError, eth_address_from_peer_id
 from .p2p.network import PoolNetwork

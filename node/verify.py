@@ -265,7 +265,7 @@ def verify_file(
 
 def pool_checks(spec: TaskSpec, tools: Any, calibrated: Calibrated) -> FileChecks:
     """The checks of a pool's files: terms from its task spec, tokenizer functions and vocabulary from
-    `tools` (a `node.daemon.ModelTools` of the spec's model), thresholds from `calibrated`."""
+    `tools` (a `node.inference.tools.ModelTools` of the spec's model), thresholds from `calibrated`."""
     return FileChecks(
         spec.sampling_params(),
         get_env(spec.env),
@@ -284,7 +284,7 @@ class PoolFileCheck:
     before it appeals. `intake` needs no model; `judge` runs the prefill (blocking: call it in a thread)."""
 
     spec: TaskSpec
-    tools: Any  # node.daemon.ModelTools of the spec's model
+    tools: Any  # node.inference.tools.ModelTools of the spec's model
     calibrated: Calibrated
     pool_id: int
     max_bytes: int = 16 * 1024 * 1024

@@ -33,12 +33,10 @@ from .chain.errors import RpcUnavailable
 from .chain.messages import tokens
 from .chain.signing import Invite, RolloutClaim
 from .daemon import (
-    ModelTools,
     PolicyPrefills,
     connect_chain,
     count,
     fetch_evidence,
-    model_tools,
     new_evidence,
     new_ledger_events,
     open_pool_network,
@@ -47,6 +45,7 @@ from .daemon import (
     retry_rpc,
 )
 from .evidence import MAX_SERVED_EVIDENCE_BYTES, EvidenceError, compare, parse_evidence
+from .inference.tools import ModelTools, model_tools
 from .p2p.blobs import BlobStore, serve_blobs, upload_blob
 from .p2p.host import P2PError, Refused
 from .p2p.network import PoolNetwork

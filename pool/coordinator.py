@@ -33,10 +33,8 @@ from node.chain import ChainClient, ChainError, Deployment
 from node.chain.errors import RpcUnavailable
 from node.chain.signing import RolloutClaim
 from node.daemon import (
-    ModelTools,
     connect_chain,
     count,
-    model_tools,
     new_evidence,
     new_ledger_events,
     retry_rpc,
@@ -44,6 +42,7 @@ from node.daemon import (
 )
 from node.errors import ConfigError
 from node.evidence import MAX_SERVED_EVIDENCE_BYTES
+from node.inference.tools import ModelTools, model_tools
 from node.p2p.blobs import BlobStore, serve_blobs
 from node.p2p.envelope import Envelope
 from node.p2p.host import COORDINATOR_MAX_CONNECTIONS, P2PError

@@ -33,7 +33,7 @@ from node import ops
 from node.audit import audit
 from node.chain import ChainClient, Deployment
 from node.chain.abi import topic
-from node.chain.anvil import ANVIL_KEYS, Anvil, free_port
+from node.chain.anvil import ANVIL_KEYS, Anvil, advance_time, free_port
 from node.chain.messages import tokens
 from node.chain.rpc import RpcClient
 from node.errors import IntellectError
@@ -401,8 +401,7 @@ async def orchestrate(
             finally:
                 await reader.aclose()
             async with RpcClient(url) as rpc:
-                await rpc.request("evm_increaseTime", [opts.window + 1])
-                await rpc.request("evm_mine", [])
+                await advance_time(rpc, opts.window + 1)
             say(f"fast-forwarded chain time by {opts.window + 1} s: the validation window is over")
             reader = await ChainClient.connect(url, Deployment.load(opts.workdir / "deployment.json"))
             try:

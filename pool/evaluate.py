@@ -76,8 +76,8 @@ def evaluate(
 ) -> Evaluation:
     """Score each checkpoint (label -> model folder; None: the pool's base model) on the same
     `problems` held-out problems, `samples` completions each, with the same sampling seeds."""
-    from node.daemon import model_tools
     from node.inference.engine import SamplingSpec, VllmEngine
+    from node.inference.tools import model_tools
     from node.tasks.math import get_env
 
     if problems < 2 or samples < 1:

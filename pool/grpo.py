@@ -26,7 +26,6 @@ import json
 import math
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -36,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import Tensor
 
+from node.fsio import atomic_dir, atomic_file
 from node.rollout.file import RolloutFile, RolloutSample
 
 if TYPE_CHECKING:
@@ -739,20 +739,13 @@ class Trainer:
         state = self.state_dict_for_inference()
         if self.rank == 0:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-            try:
+            with atomic_dir(path) as tmp:
                 for src in self.model_dir.iterdir():
                     skip = src.name in WEIGHT_FILES or src.name == OPTIMIZER_FILE or src.name.endswith(".safetensors")
                     if src.is_file() and not skip:
                         shutil.copy2(src, tmp / src.name)
                 save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
                 (tmp / "trainer.json").write_text(json.dumps({"steps": self.steps, "source": str(self.model_dir)}))
-                if path.exists():
-                    shutil.rmtree(path)
-                tmp.rename(path)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
         if self.distributed:
             torch.distributed.barrier()
         return path
@@ -764,9 +757,8 @@ class Trainer:
         if self.distributed:
             raise RuntimeError("save_optimizer() is for the single-process trainer")
         out = Path(folder) / OPTIMIZER_FILE
-        tmp = out.with_name(out.name + ".tmp")
-        torch.save(self.optimizer.state_dict(), tmp)
-        os.replace(tmp, out)
+        with atomic_file(out) as fh:
+            torch.save(self.optimizer.state_dict(), fh)
         return out
 
     def load_optimizer(self, folder: Path) -> bool:

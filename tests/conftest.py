@@ -19,7 +19,7 @@ from eth_account.signers.local import LocalAccount
 
 from node import ops
 from node.chain import ChainClient, Deployment
-from node.chain.anvil import ANVIL_KEYS, Anvil
+from node.chain.anvil import ANVIL_KEYS, Anvil, advance_time
 from node.chain.rpc import RpcClient
 from node.chain.tx import Receipt
 from node.keys import from_hex
@@ -57,6 +57,17 @@ def write_spec(folder: Path, **over: object) -> tuple[str, str]:
     path = folder / "task-spec.json"
     path.write_bytes(data)
     return path.resolve().as_uri(), "0x" + hashlib.sha256(data).hexdigest()
+
+
+def advance_time_sync(url: str, seconds: int) -> int:
+    """`node.chain.anvil.advance_time` for a test outside trio: the chain's clock `seconds` on, a block
+    mined; returns the new timestamp."""
+
+    async def go() -> int:
+        async with RpcClient(url) as rpc:
+            return await advance_time(rpc, seconds)
+
+    return trio.run(go)
 
 
 def rpc_sync(url: str, method: str, params: list[object] | None = None) -> object:
@@ -117,8 +128,7 @@ async def slash_now(w: World, pool_id: int, work_key: str, evidence: str = "0x" 
     async with await w.client(w.validator) as v:
         accused = (await ops.invalidate(v, pool_id, work_key, evidence)).event("WorkAccused").args
         now = await v.timestamp()
-        await v.rpc.request("evm_increaseTime", [max(0, int(accused["appealEnd"]) - now)])
-        await v.rpc.request("evm_mine", [])
+        await advance_time(v.rpc, max(0, int(accused["appealEnd"]) - now))
         return await ops.finalize_invalidation(v, pool_id, work_key)
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import httpx
 
-from .errors import ChainError
+from .errors import ChainError, RpcError
+from .rpc import RpcClient
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -112,3 +113,23 @@ class Anvil:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+async def is_local(rpc: RpcClient) -> bool:
+    """Whether `rpc` is a local development chain (anvil, hardhat, ganache) whose clock may be moved."""
+    try:
+        version = str(await rpc.request("web3_clientVersion")).lower()
+    except RpcError:
+        return False
+    return version.startswith(("anvil", "hardhat", "ganache"))
+
+
+async def advance_time(rpc: RpcClient, seconds: int) -> int:
+    """Move a local chain's clock forward by `seconds` (0 mines a block only) and mine a block; returns
+    the new block's timestamp. The one time-travel helper of the CLI and the tests."""
+    if not await is_local(rpc):
+        raise ChainError("moving time works on local chains (anvil) only", "on a real network, wait")
+    if seconds > 0:
+        await rpc.request("evm_increaseTime", [int(seconds)])
+    await rpc.request("evm_mine", [])
+    return int((await rpc.get_block("latest"))["timestamp"], 16)

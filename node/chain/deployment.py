@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from eth_utils import is_address, to_checksum_address
+
+from node.fsio import write_file
 
 from .abi import CONTRACT_NAMES
 from .errors import DeploymentError
@@ -107,13 +108,4 @@ class Deployment:
         """Atomic write: a crash leaves the old file or the new one, never half of one."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(self.to_json())
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, p)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_file(p, self.to_json().encode())

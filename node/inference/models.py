@@ -24,11 +24,11 @@ import contextlib
 import fcntl
 import importlib.util
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from node.fsio import atomic_dir
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -130,25 +130,6 @@ def _build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def _atomic_dir(out_dir: Path) -> contextlib.AbstractContextManager[Path]:
-    """Yield a temporary sibling folder; on success replace `out_dir` with it in one rename."""
-
-    @contextlib.contextmanager
-    def cm() -> Iterator[Path]:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-        try:
-            yield tmp
-            if out_dir.exists():
-                shutil.rmtree(out_dir)
-            os.rename(tmp, out_dir)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-
-    return cm()
-
-
 def build_tiny_model(out_dir: Path, *, seed: int = 0) -> Path:
     """Build the tiny random Llama into `out_dir` (replacing it) and return `out_dir`.
 
@@ -196,7 +177,7 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0) -> Path:
             else:  # linear layers: fan-in scaled, so activations keep unit scale through the residual stream
                 p.copy_(torch.randn(p.shape, generator=gen) / p.shape[1] ** 0.5)
     model.generation_config = GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id)
-    with _atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
     return out_dir
@@ -255,7 +236,7 @@ def smollm2_model(out_dir: Path) -> Path:
     model.generation_config = GenerationConfig(
         bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
     )
-    with _atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
     return out_dir

@@ -31,8 +31,8 @@ from typing import Any
 
 import msgpack
 
+from node.fsio import write_file
 from node.p2p.host import DEFAULT_MAX_RESPONSE, P2PError, P2PNode, Refused
-from node.store import write_file
 
 logger = logging.getLogger(__name__)
 

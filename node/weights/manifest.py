@@ -18,14 +18,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from node.errors import IntellectError
+from node.fsio import atomic_file, write_file
 
 FORMAT = "intellect-weights/1"
 DEFAULT_SHARD_SIZE = 16 * 1024 * 1024
@@ -162,28 +161,16 @@ def _hex(v: Any, what: str) -> str:
     return v
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def write_shard(directory: Path, index: int, data: bytes) -> Path:
     """Write one shard atomically (temp file + rename); the caller has verified it."""
     path = shard_file(directory, index)
-    _atomic_write(path, data)
+    write_file(path, data, fsync=False)  # a lost shard is fetched again
     return path
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> Path:
     path = Path(directory) / MANIFEST_FILE
-    _atomic_write(path, manifest.to_json())
+    write_file(path, manifest.to_json(), fsync=False)
     return path
 
 
@@ -240,24 +227,17 @@ def assemble(manifest: Manifest, shard_dir: Path, dest: Path) -> Path:
     """
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}-", suffix=".tmp")
-    try:
-        whole = hashlib.sha256()
-        with os.fdopen(fd, "wb") as out:
-            for info in manifest.shards:
-                try:
-                    data = shard_file(shard_dir, info.index).read_bytes()
-                except FileNotFoundError:
-                    raise IntegrityError(f"shard {info.index} missing") from None
-                if len(data) != info.size or sha256_hex(data) != info.sha256:
-                    raise IntegrityError(f"shard {info.index} does not match the manifest")
-                whole.update(data)
-                out.write(data)
+    whole = hashlib.sha256()
+    with atomic_file(dest, fsync=False) as out:  # rebuilt from the shards if lost
+        for info in manifest.shards:
+            try:
+                data = shard_file(shard_dir, info.index).read_bytes()
+            except FileNotFoundError:
+                raise IntegrityError(f"shard {info.index} missing") from None
+            if len(data) != info.size or sha256_hex(data) != info.sha256:
+                raise IntegrityError(f"shard {info.index} does not match the manifest")
+            whole.update(data)
+            out.write(data)
         if whole.hexdigest() != manifest.sha256:
             raise IntegrityError("assembled file does not match the manifest's sha256")
-        os.replace(tmp, dest)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
     return dest

@@ -22,7 +22,6 @@ import json
 import logging
 import re
 import shutil
-import tempfile
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ import httpx
 import trio
 
 from node import httpd
+from node.fsio import atomic_dir
 from node.weights.client import DownloadError, SourceError, fetch_manifest, fetch_shard, make_http_client
 from node.weights.manifest import (
     DEFAULT_SHARD_SIZE,
@@ -166,13 +166,8 @@ class WeightStore:
         thread while trio's thread serves the store; nothing is served until `adopt`."""
         if version in self._manifests:
             raise ValueError(f"version {version} already published")
-        tmp = Path(tempfile.mkdtemp(dir=self.root, prefix=f".publish-{version}-"))
-        try:
+        with atomic_dir(self._dir(version)) as tmp:
             manifest = split(Path(path), tmp, version, shard_size)
-            tmp.rename(self._dir(version))
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return manifest
 
     def adopt(self, manifest: Manifest, protect: Collection[int] = ()) -> list[Path]:

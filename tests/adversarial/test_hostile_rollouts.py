@@ -20,7 +20,7 @@ from eth_account import Account
 
 from node import protocol
 from node.chain.deployment import Deployment
-from node.daemon import model_tools
+from node.inference.tools import model_tools
 from node.rollout.build import build_rollout_file
 from node.rollout.file import PROOF_BYTES, RolloutFile, RolloutHeader, chunks_for
 from node.tasks.math import MathEnv

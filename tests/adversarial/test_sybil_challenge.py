@@ -16,8 +16,8 @@ from typing import Any
 import trio
 
 from node import ops, protocol
-from node.chain.anvil import ANVIL_KEYS
-from node.daemon import model_tools
+from node.chain.anvil import ANVIL_KEYS, advance_time
+from node.inference.tools import model_tools
 from node.keys import from_hex
 from node.p2p.blobs import BlobStore, serve_blobs
 from node.p2p.network import PoolNetwork
@@ -27,7 +27,7 @@ from node.rollout.file import RolloutHeader
 from node.tasks.math import MathEnv
 from node.validator import Validator, ValidatorConfig
 from tests.adversarial.test_hostile_rollouts import PROMPTS, SAMPLING, SEED
-from tests.conftest import TOKEN, World, rpc_sync, write_spec
+from tests.conftest import TOKEN, World, write_spec
 
 WINDOW = 3600
 
@@ -117,8 +117,7 @@ async def test_a_sybil_challenge_of_honest_work_is_overturned_and_costs_its_bond
         assert int(await reader.call("ProviderRegistry", "stakeOf", chain.provider.address)) == stake_before
         assert int(await reader.call("IntellectToken", "balanceOf", sybil.address)) == before - TOKEN
     # the honest work is paid in full once final
-    rpc_sync(chain.url, "evm_increaseTime", [WINDOW + 1])
-    rpc_sync(chain.url, "evm_mine")
     async with await chain.client(chain.provider) as prov:
+        await advance_time(prov.rpc, WINDOW + 1)
         reward, _ = await ops.claim(prov, pid, [key])
     assert reward == 500 * 10**15

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from node.daemon import model_tools
+from node.inference.tools import model_tools
 from node.rollout.build import build_rollout_file
 from node.rollout.checks import Reason
 from node.rollout.file import RolloutFile, RolloutHeader, chunks_for

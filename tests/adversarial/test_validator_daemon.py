@@ -15,11 +15,12 @@ from typing import Any
 import trio
 
 from node import ops, protocol
+from node.chain.anvil import advance_time
 from node.p2p.blobs import BlobStore, serve_blobs
 from node.p2p.network import PoolNetwork
 from node.p2p.rules import Membership
 from node.validator import Validator, ValidatorConfig
-from tests.conftest import World, rpc_sync
+from tests.conftest import World
 from tests.integration.test_coordinator import _pool_with_two_members
 
 MARGIN = 30
@@ -41,10 +42,8 @@ async def test_unsigned_work_is_reported_not_slashed_and_unserved_signed_work_is
         await ops.record_work(coord_chain, pid, items)
         deadline = int((await ops.record(coord_chain, pid, unserved))["deadline"])
         stake_before = int(await coord_chain.call("ProviderRegistry", "stakeOf", chain.provider.address))
-    # chain time close to the deadline: inside the validator's last chance (2 x margin), before its margin
-    now = int(rpc_sync(chain.url, "eth_getBlockByNumber", ["latest", False])["timestamp"], 16)  # type: ignore[index]
-    rpc_sync(chain.url, "evm_increaseTime", [deadline - now - 2 * MARGIN + 5])
-    rpc_sync(chain.url, "evm_mine")
+        # chain time close to the deadline: inside the validator's last chance (2 x margin), before its margin
+        await advance_time(coord_chain.rpc, deadline - await coord_chain.timestamp() - 2 * MARGIN + 5)
 
     def members() -> Membership:
         return Membership(pid, chain.coordinator.address, frozenset({chain.validator.address}), frozenset())

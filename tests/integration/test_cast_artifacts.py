@@ -11,7 +11,7 @@ from eth_utils import keccak
 
 from node import ops
 from node.chain import abi
-from node.chain.anvil import find_tool
+from node.chain.anvil import advance_time, find_tool
 from pool.deploy import TOKEN
 from tests.conftest import World, rpc_sync
 
@@ -118,8 +118,7 @@ def _busy_pool(chain: World) -> int:
             opened = (await ops.dispute(prov, pid, k[5]))["drawBlock"]
             await ops.draw_committee(prov, pid, k[5], int(opened))  # the set as the challenge opened
             await ops.remove_validator(admin, pid, chain.node.address)
-            await prov.rpc.request("evm_increaseTime", [200])
-            await prov.rpc.request("evm_mine", [])
+            await advance_time(prov.rpc, 200)
             await ops.finalize_invalidation(val, pid, k[1])
             await ops.resolve_lapsed(val, pid, k[5])
             await ops.claim(prov, pid)
@@ -129,8 +128,7 @@ def _busy_pool(chain: World) -> int:
             await coord.transact("PoolManager", "ejectNode", pid, chain.node.address)
             await coord.transact("PoolManager", "blacklistNode", pid, chain.node.address)
             await ops.unstake(prov, TOKEN)
-            await prov.rpc.request("evm_increaseTime", [8 * 86400])
-            await prov.rpc.request("evm_mine", [])
+            await advance_time(prov.rpc, 8 * 86400)
             await ops.withdraw(prov)
             await admin.transact("ProviderRegistry", "setTreasury", chain.admin.address)
             await admin.transact("ProviderRegistry", "setParameters", 7 * 86400, 10 * TOKEN, 10 * TOKEN, 1000, 10**30)

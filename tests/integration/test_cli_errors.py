@@ -15,7 +15,7 @@ from cli.main import entry
 from node import ops
 from node.chain.anvil import Anvil
 from pool.deploy import TOKEN
-from tests.conftest import World, rpc_sync
+from tests.conftest import World, advance_time_sync, rpc_sync
 
 
 @pytest.fixture
@@ -175,8 +175,7 @@ def test_insufficient_stake_to_join(chain, pool, monkeypatch, capsys, tmp_path):
 def test_expired_invite(chain, pool, monkeypatch, capsys, tmp_path):
     f = tmp_path / "inv.json"
     f.write_text(json.dumps(_invite(chain, pool, 5)))
-    rpc_sync(chain.url, "evm_increaseTime", [10])
-    rpc_sync(chain.url, "evm_mine")
+    advance_time_sync(chain.url, 10)
     before = snapshot(chain, chain.provider.address)
     code, err = run_cli(
         chain, key(chain.provider), ["pool", "join", "--pool", str(pool), "--invite", str(f)], monkeypatch, capsys

@@ -207,23 +207,14 @@ async def test_a_step_that_is_not_committed_is_trained_once(tmp_path: Path, vllm
     the retry trains on those rollouts once."""
     import torch
     from safetensors.torch import load_file
-    from transformers import AutoTokenizer
 
-    from node.daemon import ModelTools
     from node.inference.engine import SamplingSpec
+    from node.inference.tools import model_tools
     from node.rollout.build import build_rollout_file
     from node.rollout.file import RolloutHeader
     from node.tasks.math import ThinkingBudgetEnv
-    from node.tasks.prompts import prompt_encoder, stop_ids
 
-    tok = AutoTokenizer.from_pretrained(str(tiny_model))
-    tools = ModelTools(
-        "tiny",
-        tiny_model,
-        prompt_encoder(tok),
-        lambda ids: str(tok.decode(ids, skip_special_tokens=True)),
-        stop_ids(tok),
-    )
+    tools = model_tools(str(tiny_model))
     cfg = CoordinatorConfig(
         pool_id=1,
         data_dir=tmp_path,

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from node.inference.tools import model_tools
 from node.rollout.build import build_rollout_file
 from node.rollout.file import RolloutFile, RolloutHeader
 from node.tasks.math import ThinkingBudgetEnv
-from node.tasks.prompts import prompt_encoder, stop_ids
 
 if TYPE_CHECKING:
     from node.inference.engine import VllmEngine
@@ -51,22 +51,17 @@ def rl_run(
 ) -> Run:
     """K steps of the loop; every step's rollouts carry the policy version that generated them, and the
     trainer also gets the file of two versions ago (older than ASYNC_LEVEL allows: it must be refused)."""
-    from transformers import AutoTokenizer
-
     from node.inference.engine import SamplingSpec
     from pool.grpo import Trainer
 
     t0 = time.perf_counter()
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    encode = prompt_encoder(tok)
-
-    def decode(ids: list[int]) -> str:
-        return tok.decode(ids, skip_special_tokens=True)
+    tools = model_tools(str(model_dir))
+    encode, decode = tools.encode, tools.decode
 
     env = ThinkingBudgetEnv()
     problems = env.problems(seed, prompts)
     encoded = [encode(p.prompt) for p in problems]
-    stops = tuple(sorted(stop_ids(tok)))
+    stops = tuple(sorted(tools.stop_ids))
     sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": MAX_TOKENS}
     trainer = Trainer(model_dir, lr=lr, seed=seed, async_level=ASYNC_LEVEL, mini_batches=mini_batches)
     run = Run()

@@ -14,7 +14,6 @@ from node.rollout.build import build_rollout_file
 from node.rollout.checks import Reason
 from node.rollout.file import RolloutFile, RolloutHeader, RolloutSample
 from node.tasks.math import MathEnv
-from node.tasks.prompts import prompt_encoder, stop_ids
 from node.taskspec import TaskSpec
 from node.verify import Calibrated, FileChecks, verify_file
 
@@ -25,13 +24,13 @@ SAMPLES = 2
 
 @pytest.fixture(scope="module")
 def tools(tiny_model: Path):
-    from transformers import AutoTokenizer
+    from node.inference.tools import model_tools
 
-    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    t = model_tools(str(tiny_model))
     return {
-        "encode": prompt_encoder(tok),
-        "decode": lambda ids: tok.decode(ids, skip_special_tokens=True),
-        "stop": stop_ids(tok),
+        "encode": t.encode,
+        "decode": t.decode,
+        "stop": t.stop_ids,
         "env": MathEnv(),
         "calibrated": Calibrated.load("tiny"),
     }

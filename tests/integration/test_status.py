@@ -14,7 +14,7 @@ from cli.main import entry
 from node import ops
 from node.chain.anvil import ANVIL_KEYS
 from node.chain.tx import Receipt
-from tests.conftest import World, rpc_sync, slash_now
+from tests.conftest import World, advance_time_sync, slash_now
 
 TOKEN = 10**18
 RATE = 10**16  # 0.01 token per unit
@@ -157,8 +157,7 @@ def test_status_pending_slash_and_claim(chain: World, monkeypatch, capsys):
     assert "slashes: 1, 5 INTL in all" in out and "1 invalidated (100 units)" in out
 
     # 3. After the window: claimable; then claimed with its reward, looked up via --node.
-    rpc_sync(w.url, "evm_increaseTime", [WINDOW + 1])
-    rpc_sync(w.url, "evm_mine")
+    advance_time_sync(w.url, WINDOW + 1)
     st = status.json("--pool", p, "--node", w.node.address)
     assert [r["work_key"] for r in st["work"]["claimable"]] == keys[1:]
     assert st["totals"]["claimable"]["reward"] == 500 * RATE and st["work"]["pending"] == []

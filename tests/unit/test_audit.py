@@ -152,6 +152,16 @@ def test_pending_work_is_final_only_after_deadline():
     assert node_ledgers(r, now=DEADLINE)[NODE].finalized_units == 12
 
 
+def test_a_record_without_a_known_deadline_is_never_final():
+    """The one finality rule (audit, claims, status): a deadline no event gave (-1) is not in the past."""
+    r = rebuild(POOL, base_stream(), [], {})
+    for rec in r.records.values():
+        assert rec.final(DEADLINE) and not rec.final(DEADLINE - 1)
+        rec.deadline = -1
+        assert not rec.final(DEADLINE) and not rec.final(10**12)
+    assert node_ledgers(r, now=10**12)[NODE].finalized_units == 0
+
+
 def test_claim_before_deadline_is_flagged():
     r = rebuild(POOL, [*base_stream(), claim(block=8)], [], TIMES)
     assert any("before its deadline" in p for p in r.problems)
