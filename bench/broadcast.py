@@ -36,7 +36,9 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 import trio
 
 from node.weights.client import DownloadStats, download
-from node.weights.server import Relay, WeightStore, serve_weights
+from node.weights.relay import Relay
+from node.weights.serve import serve_weights
+from node.weights.store import WeightStore
 
 MB = 1024 * 1024
 VERSION = 1

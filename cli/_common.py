@@ -92,6 +92,14 @@ def common(f: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+ZERO32 = "0x" + "00" * 32
+
+
+def receipt(r: Any) -> dict[str, Any]:
+    """A transaction receipt as the CLI prints it (--json)."""
+    return {"tx": r.tx_hash, "block": r.block_number, "gas_used": r.gas_used}
+
+
 def run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     return trio.run(fn, *args)
 

@@ -255,7 +255,7 @@ class PolicyPrefills:
     async def get(self, version: int, have: Path | None = None) -> Any | None:
         """The prefill of `version`, or None while its announcement or checkpoint is not available."""
         from .inference.engine import HfPrefill
-        from .policy import checkpoint_folder
+        from .inference.models import checkpoint_folder
         from .weights.client import DownloadError, download
 
         if version in self.held:

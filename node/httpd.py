@@ -1,5 +1,5 @@
 """The HTTP/1.1 server core shared by the metrics endpoint (`node.metrics`) and the weight server
-(`node.weights.server`): trio listeners, h11 event reading, and an accept loop with a cap on concurrent
+(`node.weights.serve`): trio listeners, h11 event reading, and an accept loop with a cap on concurrent
 connections. Each server brings its own per-connection handler (routing, limits, bodies).
 
 Over the cap (or over the per-address cap), a connection gets a short 503 and is closed; the refusals

@@ -9,13 +9,9 @@ model, which every node already has.
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
-
-from node.fsio import atomic_dir
 
 from . import protocol
 
@@ -84,19 +80,6 @@ class PolicyBook:
             self.latest = ann.version
             return True
         return False
-
-
-def checkpoint_folder(base_model: Path, weights: Path, out: Path) -> Path:
-    """An HF model folder for a downloaded checkpoint: the base model's config and tokenizer files
-    next to the new `model.safetensors` (what `HfPrefill` and vLLM load)."""
-    if (out / "model.safetensors").exists():
-        return out
-    with atomic_dir(out) as tmp:
-        for f in base_model.iterdir():
-            if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
-                shutil.copy2(f, tmp / f.name)
-        shutil.copy2(weights, tmp / "model.safetensors")
-    return out
 
 
 def announcement_sources(origin: str | None, relays: dict[str, float]) -> list[str]:

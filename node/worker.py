@@ -569,7 +569,8 @@ class Worker:
     # ------------------------------------------------------------------ policy versions
 
     async def _start_relay(self, nursery: trio.Nursery) -> None:
-        from .weights.server import WeightStore, serve_weights
+        from .weights.serve import serve_weights
+        from .weights.store import WeightStore
 
         self._relay_store = WeightStore(self.cfg.data_dir / "relay", keep=3)
         port = await nursery.start(serve_weights, self._relay_store, self.cfg.relay_host, self.cfg.relay_port)
@@ -588,7 +589,7 @@ class Worker:
             upstreams = [u.rstrip("/") for u in ann.sources if u != self.relay_url]
             if self.relay_url is not None and upstreams:
                 if self.relay is None:  # the relay starts with the first upstreams it hears of
-                    from .weights.server import Relay
+                    from .weights.relay import Relay
 
                     assert self._nursery is not None
                     self.relay = Relay(self._relay_store, upstreams)

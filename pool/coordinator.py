@@ -57,7 +57,8 @@ from node.tasks.math import get_env
 from node.taskspec import TaskSpec, TaskSpecError, pool_spec
 from node.toploc import proof_commitment
 from node.weights.client import make_http_client, probe_relay
-from node.weights.server import WeightStore, serve_weights
+from node.weights.serve import serve_weights
+from node.weights.store import WeightStore
 
 log = logging.getLogger("intellect.coordinator")
 

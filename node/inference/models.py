@@ -24,6 +24,7 @@ import contextlib
 import fcntl
 import importlib.util
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -310,3 +311,16 @@ def ensure_model(name: str, cache_dir: Path | None = None) -> Path:
         if not _is_model_dir(target):  # another process may have built it while we waited
             build(target)
     return target
+
+
+def checkpoint_folder(base_model: Path, weights: Path, out: Path) -> Path:
+    """An HF model folder for a downloaded checkpoint: the base model's config and tokenizer files
+    next to the new `model.safetensors` (what `HfPrefill` and vLLM load)."""
+    if (out / "model.safetensors").exists():
+        return out
+    with atomic_dir(out) as tmp:
+        for f in base_model.iterdir():
+            if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
+                shutil.copy2(f, tmp / f.name)
+        shutil.copy2(weights, tmp / "model.safetensors")
+    return out

@@ -7,7 +7,9 @@ See ``manifest`` (format, split/assemble), ``server`` (store, HTTP server, relay
 
 from node.weights.client import DownloadError, DownloadStats, SourceError, download, fetch_manifest
 from node.weights.manifest import DEFAULT_SHARD_SIZE, IntegrityError, Manifest, ShardInfo, assemble, split
-from node.weights.server import RateLimiter, Relay, WeightStore, serve_weights
+from node.weights.relay import Relay
+from node.weights.serve import RateLimiter, serve_weights
+from node.weights.store import WeightStore
 
 __all__ = [
     "DEFAULT_SHARD_SIZE",

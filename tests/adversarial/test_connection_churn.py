@@ -1,7 +1,7 @@
 """Connection churn against a real libp2p host on 127.0.0.1: hundreds of connect/close cycles from fresh
 identities (each a new libp2p host with a new key: an attacker, or workers restarting). py-libp2p 0.8.1
 kept an inbound slot, a handler task and the socket object of every connection until the host stopped,
-so after 250 connections in total every new peer was refused. With `node.p2p.host`'s patch the slots come
+so after 250 connections in total every new peer was refused. With `node.p2p.patches` the slots come
 back as connections close and a new honest peer is served. (Run with INTELLECT_LIBP2P_UNPATCHED=1 to see
 the library's behaviour: the last step fails.)"""
 
@@ -65,7 +65,7 @@ async def test_a_connection_flood_from_one_address_leaves_room_for_others() -> N
     peer from 127.0.0.1 connects and is served meanwhile."""
     import socket
 
-    from node.p2p.host import MAX_INBOUND_PER_IP
+    from node.p2p.patches import MAX_INBOUND_PER_IP
 
     async with P2PNode(private_key=bytes(Account.create().key), listen="/ip4/127.0.0.1/tcp/0") as server:
 
@@ -134,7 +134,7 @@ async def test_new_connections_from_one_address_are_rate_limited() -> None:
     """1,500 connect-and-close cycles from 127.0.1.1 as fast as it can: past the per-address bucket
     (`NEW_INBOUND_BURST`, refilled at `NEW_INBOUND_PER_SECOND`) they are refused before any handshake
     work; a peer from another address is served."""
-    from node.p2p.host import NEW_INBOUND_BURST
+    from node.p2p.patches import NEW_INBOUND_BURST
 
     async with P2PNode(private_key=bytes(Account.create().key), listen="/ip4/127.0.0.1/tcp/0") as server:
         server.set_handler("/intellect/test-echo/1", _echo)
@@ -154,7 +154,7 @@ async def test_new_connections_from_one_address_are_rate_limited() -> None:
 async def test_a_flood_from_one_network_is_capped_per_network() -> None:
     """Five addresses of one /24 (127.0.1.1-5), 60 handshake-less connections each: under the per-address
     cap each, 300 together, over `MAX_INBOUND_PER_PREFIX`; a peer from another network is served."""
-    from node.p2p.host import MAX_INBOUND_PER_PREFIX
+    from node.p2p.patches import MAX_INBOUND_PER_PREFIX
 
     async with P2PNode(
         private_key=bytes(Account.create().key), listen="/ip4/127.0.0.1/tcp/0", max_connections=1000

@@ -15,7 +15,8 @@ import pytest
 import trio
 
 from node.metrics import Metrics, serve_http
-from node.weights.server import HEAD_TIMEOUT, MAX_CONNECTIONS, WeightStore, serve_weights
+from node.weights.serve import HEAD_TIMEOUT, MAX_CONNECTIONS, serve_weights
+from node.weights.store import WeightStore
 
 ATTACKER_IP = "127.0.0.2"  # the whole 127/8 is loopback on Linux: a second address to attack from
 
@@ -96,7 +97,7 @@ async def test_outsiders_that_fill_the_origin_do_not_lock_members_out(tmp_path: 
     """Four addresses each take their quarter of the origin's connections with unfinished request heads:
     every ordinary slot is held. A client from an outsider's address gets 503; a member (an address its
     libp2p connection comes from, `member_hosts`) is served from the slots kept for members."""
-    from node.weights.server import MEMBER_RESERVED
+    from node.weights.serve import MEMBER_RESERVED
 
     cap = 8
     async with trio.open_nursery() as nursery:

@@ -355,7 +355,7 @@ async def test_mesh_peers_and_wait_for_mesh() -> None:
 async def test_signed_peer_records_are_cached_yet_still_exchanged() -> None:
     """The per-RPC signed peer record is built once a second and a repeated one is not re-verified, but
     each side still ends up with the other's certified record (what the caches must not break)."""
-    from node.p2p import host as host_module
+    from node.p2p import patches as host_module
 
     got: list[tuple[bytes, str, float]] = []
     async with trio.open_nursery() as nursery, AsyncExitStack() as stack:

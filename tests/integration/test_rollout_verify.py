@@ -203,7 +203,8 @@ def test_honest_variations_pass_every_check_of_the_validator_and_the_trainer(
     from node.calibrate import HONEST
     from node.inference.engine import Completion, HfPrefill
     from node.rollout.intake import check_bounds, check_terms
-    from pool.grpo import Trainer, _Item
+    from pool.grpo import Trainer
+    from pool.grpo.data import _Item
 
     _, records = calibration_cases
     env = tools["env"]

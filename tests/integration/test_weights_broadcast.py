@@ -16,7 +16,9 @@ import trio
 
 from node.weights.client import DownloadError, DownloadStats, SourceError, download
 from node.weights.manifest import Manifest, shard_file
-from node.weights.server import Relay, WeightStore, serve_weights
+from node.weights.relay import Relay
+from node.weights.serve import serve_weights
+from node.weights.store import WeightStore
 from tests.conftest import file_size_limit
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -649,7 +649,7 @@ def test_parse_bootstrap_is_bounded() -> None:
 
 def test_per_peer_bookkeeping_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fresh identities (one per connection, at no cost) cannot grow a node's rejection counts or bans."""
-    import node.p2p.host as host_module
+    import node.p2p.gate as gate_module
     from node.p2p.host import BoundedCounts, P2PNode
 
     counts = BoundedCounts(3)
@@ -658,7 +658,7 @@ def test_per_peer_bookkeeping_is_bounded(monkeypatch: pytest.MonkeyPatch) -> Non
     counts["p9"] += 1
     assert dict(counts) == {"p7": 1, "p8": 1, "p9": 2} and counts["unknown"] == 0
 
-    monkeypatch.setattr(host_module, "MAX_TRACKED_PEERS", 5)
+    monkeypatch.setattr(gate_module, "MAX_TRACKED_PEERS", 5)
     node = P2PNode(private_key=bytes(Account.create().key))
     node.ban(MEMBER.address, 3600)
     for _ in range(20):
