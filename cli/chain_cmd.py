@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from node import ops
-from node.audit import audit as run_audit
+from node.audit_read import audit as run_audit
 from node.chain import Deployment, RpcClient
 from node.chain.anvil import advance_time
 from node.chain.messages import tokens

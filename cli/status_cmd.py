@@ -9,7 +9,8 @@ import click
 
 from node import keys, ops
 from node.errors import ConfigError
-from node.status import format_status, provider_status
+from node.status import format_status
+from node.status_read import provider_status
 
 from ._common import Settings, common, output, run
 

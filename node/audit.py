@@ -1,7 +1,8 @@
 """Reward audit: rebuild a pool's ledger from events alone, then check it against contract state.
 
-`rebuild` and `compare` are pure (events and state in, findings out), so every rule is tested without
-a chain; `audit` fetches one consistent snapshot (events and state at the same block) and runs them.
+`rebuild`, `compare` and `report` are pure (events and state in, findings out), so every rule is tested
+without a chain; `node.audit_read.audit` fetches one consistent snapshot (events and state at the same
+block) and runs them. No I/O here.
 """
 
 from __future__ import annotations
@@ -11,10 +12,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import trio
-
-from .chain.abi import DecodedEvent, topic
-from .chain.client import ChainClient
+from .chain.abi import DecodedEvent
 from .chain.messages import RECORD_STATUS
 
 
@@ -393,61 +391,24 @@ class AuditReport:
         return asdict(self)
 
 
-async def audit(c: ChainClient, pool_id: int, node: str | None = None, *, concurrency: int = 16) -> AuditReport:
-    """Fetch a snapshot at the latest block, rebuild from events, compare with state."""
-    block = await c.rpc.block_number()
-    tag = hex(block)
-    pool = await c.call("PoolManager", "getPool", pool_id, block=tag)
-    if int(pool["status"]) == 0:
-        from .chain.errors import ChainError
-
-        raise ChainError(f"pool {pool_id} does not exist", "check the pool id")
-    pool_events = await c.events(["PoolManager", "WorkLedger"], to_block=block, topics=[None, topic(pool_id)])
-    providers = sorted({e.args["provider"] for e in pool_events if "provider" in e.args})
-    registry_events: list[DecodedEvent] = []
-    for p in providers:
-        registry_events += await c.events(["ProviderRegistry"], to_block=block, topics=[None, topic(p)])
-    registry_events.sort(key=lambda e: (e.block_number, e.log_index))
-
-    times: dict[int, int] = {}
-    wanted = sorted({e.block_number for e in pool_events if e.name in ("WorkInvalidated", "WorkClaimed")} | {block})
-    limiter = trio.CapacityLimiter(concurrency)
-
-    async def fetch_time(b: int) -> None:
-        async with limiter:
-            times[b] = await c.timestamp(b)
-
-    async with trio.open_nursery() as nursery:
-        for b in wanted:
-            nursery.start_soon(fetch_time, b)
-
-    rebuilt = rebuild(pool_id, pool_events, registry_events, times)
-
-    record_state: dict[str, dict[str, Any]] = {}
-    provider_state: dict[str, dict[str, Any]] = {}
-
-    async def fetch_record(k: str) -> None:
-        async with limiter:
-            record_state[k] = await c.call("WorkLedger", "getRecord", pool_id, k, block=tag)
-
-    async def fetch_provider(p: str) -> None:
-        async with limiter:
-            provider_state[p] = await c.call("ProviderRegistry", "getProvider", p, block=tag)
-
-    async with trio.open_nursery() as nursery:
-        for k in rebuilt.records:
-            nursery.start_soon(fetch_record, k)
-        for p in rebuilt.providers:
-            nursery.start_soon(fetch_provider, p)
-    account = await c.call("WorkLedger", "poolAccount", pool_id, block=tag)
-
-    mismatches = rebuilt.problems + compare(rebuilt, record_state, account, provider_state, int(pool["rewardRate"]))
-    now = times[block]
+def report(
+    rebuilt: Rebuilt,
+    pool: dict[str, Any],
+    block: int,
+    now: int,
+    records: dict[str, dict[str, Any]],
+    account: dict[str, Any],
+    providers: dict[str, dict[str, Any]],
+    node: str | None = None,
+) -> AuditReport:
+    """The audit of pool `rebuilt.pool_id` from its rebuilt ledger and the contract state read at `block`
+    (`records`: work key -> WorkLedger.getRecord, `providers`: address -> ProviderRegistry.getProvider)."""
+    mismatches = rebuilt.problems + compare(rebuilt, records, account, providers, int(pool["rewardRate"]))
     ledgers = node_ledgers(rebuilt, now)
     if node is not None:
         ledgers = {k: v for k, v in ledgers.items() if k.lower() == node.lower()}
     return AuditReport(
-        pool_id=pool_id,
+        pool_id=rebuilt.pool_id,
         block=block,
         timestamp=now,
         consistent=not mismatches,

@@ -1,144 +1,112 @@
-"""A provider's standing in one pool, explained from contract state and event history.
+"""A provider's standing in one pool, explained from contract state and event history: the pure half.
 
-`provider_status` reads one snapshot (every call and event query pinned to the same block): the
-provider's stake, its nodes (from the registry's NodeAdded/NodeRemoved events) and their membership,
-its work records in the pool (replayed from the pool's WorkLedger events, as `node.audit` does), and
-every slash of the provider (from the registry's Slashed events, each with its transaction).
-No loop walks an on-chain array; per-item calls are per node or per slash only.
-`format_status` turns the result into readable lines. Both are shared by the CLI and the daemons.
+`node.status_read.provider_status` reads one snapshot (every call and event query pinned to the same
+block) into a `Snapshot`; `explain` turns it into the JSON-able standing (stake, nodes and their
+membership, work records by state, slashes) and `format_status` into readable lines. Both are shared by
+the CLI and the daemons. No I/O here.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
-import trio
+from eth_utils import to_checksum_address
 
-from .audit import rebuild
-from .chain.abi import DecodedEvent, topic
-from .chain.client import ChainClient
-from .chain.errors import ChainError
+from .audit import Rebuilt, rebuild
+from .chain.abi import DecodedEvent
 from .chain.messages import POOL_STATUS, tokens, when
-from .errors import ConfigError
-from .ops import checksum
 
 ZERO_ADDRESS = "0x" + "00" * 20
-CONCURRENCY = 16
 HUMAN_LIMIT = 20  # records listed per group in the human output (JSON lists all)
 
 
-def _duration(seconds: int) -> str:
-    s = max(int(seconds), 0)
-    d, s = divmod(s, 86400)
-    h, s = divmod(s, 3600)
-    m, s = divmod(s, 60)
-    if d:
-        return f"{d}d {h}h {m}m"
-    if h:
-        return f"{h}h {m}m"
-    if m:
-        return f"{m}m {s}s"
-    return f"{s}s"
+@dataclass
+class Snapshot:
+    """What `provider_status` reads from the chain at one block for provider `who` in pool `pool_id`."""
+
+    pool_id: int
+    block: int
+    now: int
+    pool: dict[str, Any]  # PoolManager.getPool
+    who: str
+    only_node: str | None  # --node: that node only
+    info: dict[str, Any]  # ProviderRegistry.getProvider
+    required: int
+    locked_until: int
+    balance: int
+    reg_events: list[DecodedEvent]  # the provider's registry events
+    pool_events: list[DecodedEvent]  # the pool's WorkLedger events
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)  # node -> `node_row`
+    slash_pools: dict[str, int | None] = field(default_factory=dict)  # tx + reason -> pool of a slash
 
 
-async def resolve_provider(c: ChainClient, provider: str | None, node: str | None, signer: str | None) -> str:
-    """The provider to explain: --provider, else the provider --node is bound to, else the signing key."""
-    if provider:
-        return checksum(provider, "provider")
-    if node:
-        bound = checksum(await c.call("ProviderRegistry", "providerOf", checksum(node, "node")))
-        if bound == checksum(ZERO_ADDRESS):
-            raise ChainError(
-                f"node {checksum(node)} is not bound to any provider",
-                "pass --provider ADDR to see a removed node's history",
-            )
-        return bound
-    if signer:
-        return checksum(signer)
-    raise ConfigError("no provider to show", "pass --provider ADDR or --node ADDR, or a signing key (--keystore)")
+@dataclass
+class Plan:
+    """What the snapshot's events say is worth a second read: the nodes to show and the slashes whose
+    pool only their transaction's receipt names."""
+
+    ledger: Rebuilt
+    bound: dict[str, int]  # nodes bound now -> compute units
+    records: list[Any]
+    nodes: list[str]
+    invalidated_here: dict[tuple[str, str], Any]
+    slashes: list[DecodedEvent]
+    slashes_elsewhere: list[DecodedEvent]
 
 
-async def provider_status(
-    c: ChainClient,
-    pool_id: int,
-    *,
-    provider: str | None = None,
-    node: str | None = None,
-    signer: str | None = None,
-) -> dict[str, Any]:
-    """Everything `intellect-node status` shows, as a JSON-able dict (amounts in base units)."""
-    block = await c.rpc.block_number()
-    tag = hex(block)
-    now = await c.timestamp(block)
-    pool = await c.call("PoolManager", "getPool", pool_id, block=tag)
-    if int(pool["status"]) == 0:
-        raise ChainError(f"pool {pool_id} does not exist", "check the pool id (`intellect-node pool info ID`)")
-    who = await resolve_provider(c, provider, node, signer)
-    only_node = checksum(node, "node") if node else None
-    rate = int(pool["rewardRate"])
-
-    info = await c.call("ProviderRegistry", "getProvider", who, block=tag)
-    required = int(await c.call("ProviderRegistry", "requiredStake", who, block=tag))
-    locked_until = int(await c.call("WorkLedger", "lockedUntil", who, block=tag))
-    balance = int(await c.call("IntellectToken", "balanceOf", who, block=tag))
-
-    reg_events = await c.events(["ProviderRegistry"], to_block=block, topics=[None, topic(who)])
-    reg_events = [e for e in reg_events if e.args.get("provider") == who]
-    pool_events = await c.events(["WorkLedger"], to_block=block, topics=[None, topic(pool_id)])
-
-    # Nodes: bound now (added and not removed since), plus any that did work here before removal.
+def plan(s: Snapshot) -> Plan:
+    """Nodes: bound now (added and not removed since), plus any that did work here before removal."""
     bound: dict[str, int] = {}
-    for e in reg_events:
+    for e in s.reg_events:
         if e.name == "NodeAdded":
             bound[e.args["node"]] = int(e.args["computeUnits"])
         elif e.name == "NodeRemoved":
             bound.pop(e.args["node"], None)
-    ledger = rebuild(pool_id, pool_events, reg_events, {})
-    records = [r for r in ledger.records.values() if r.provider == who and (only_node is None or r.node == only_node)]
-    node_list = [only_node] if only_node else sorted(set(bound) | {r.node for r in records})
-
-    limiter = trio.CapacityLimiter(CONCURRENCY)
-    nodes: dict[str, dict[str, Any]] = {}
-
-    async def fetch_node(n: str) -> None:
-        async with limiter:
-            member = bool(await c.call("PoolManager", "isMember", pool_id, n, block=tag))
-            ms = await c.call("PoolManager", "membershipOf", n, block=tag)
-            black = bool(await c.call("PoolManager", "isBlacklisted", pool_id, n, block=tag))
-            owner = checksum(await c.call("ProviderRegistry", "providerOf", n, block=tag))
-        nodes[n] = {
-            "node": n,
-            "bound": owner == who,
-            "provider": owner if owner != checksum(ZERO_ADDRESS) else None,
-            "compute_units": bound.get(n, 0),
-            "member": member,
-            "joined_at": int(ms["joinedAt"]) if member else None,
-            "in_pool": int(ms["poolId"]) or None,
-            "blacklisted": black,
-        }
-
+    ledger = rebuild(s.pool_id, s.pool_events, s.reg_events, {})
+    records = [
+        r for r in ledger.records.values() if r.provider == s.who and (s.only_node is None or r.node == s.only_node)
+    ]
+    nodes = [s.only_node] if s.only_node else sorted(set(bound) | {r.node for r in records})
     # Slashes: every Slashed event of the provider. Those from this pool's invalidations are matched
     # by (tx, work key); others are looked up in their transaction's receipt (one per slash).
-    invalidated_here = {(r.settled_tx, r.work_key): r for r in ledger.records.values() if r.status == "invalidated"}
-    slash_events = [e for e in reg_events if e.name == "Slashed"]
-    slash_pool: dict[str, int | None] = {}
+    here = {(r.settled_tx, r.work_key): r for r in ledger.records.values() if r.status == "invalidated"}
+    slashes = [e for e in s.reg_events if e.name == "Slashed"]
+    elsewhere = [e for e in slashes if (e.tx_hash, e.args["reason"]) not in here]
+    return Plan(ledger, bound, records, nodes, here, slashes, elsewhere)
 
-    async def fetch_slash_pool(e: DecodedEvent) -> None:
-        async with limiter:
-            receipt = await c.rpc.request("eth_getTransactionReceipt", [e.tx_hash])
-        found = None
-        for ev in c.decode_logs(list((receipt or {}).get("logs", []))):
-            if ev.name == "WorkInvalidated" and ev.args["workKey"] == e.args["reason"]:
-                found = int(ev.args["poolId"])
-        slash_pool[e.tx_hash + e.args["reason"]] = found
 
-    async with trio.open_nursery() as nursery:
-        for n in node_list:
-            nursery.start_soon(fetch_node, n)
-        for e in slash_events:
-            if (e.tx_hash, e.args["reason"]) not in invalidated_here:
-                nursery.start_soon(fetch_slash_pool, e)
+def node_row(
+    node: str, who: str, units: int, member: bool, membership: dict[str, Any], blacklisted: bool, owner: str
+) -> dict[str, Any]:
+    """One node's line of the standing, from its on-chain state."""
+    owner = to_checksum_address(owner)
+    return {
+        "node": node,
+        "bound": owner == who,
+        "provider": owner if owner != to_checksum_address(ZERO_ADDRESS) else None,
+        "compute_units": units,
+        "member": member,
+        "joined_at": int(membership["joinedAt"]) if member else None,
+        "in_pool": int(membership["poolId"]) or None,
+        "blacklisted": blacklisted,
+    }
 
+
+def slash_pool(receipt_events: list[DecodedEvent], work_key: str) -> int | None:
+    """The pool of a slash, from the decoded logs of its transaction (None when none names it)."""
+    found = None
+    for ev in receipt_events:
+        if ev.name == "WorkInvalidated" and ev.args["workKey"] == work_key:
+            found = int(ev.args["poolId"])
+    return found
+
+
+def explain(s: Snapshot, p: Plan) -> dict[str, Any]:
+    """Everything `intellect-node status` shows, as a JSON-able dict (amounts in base units)."""
+    pool_id, pool, now, who, info = s.pool_id, s.pool, s.now, s.who, s.info
+    rate = int(pool["rewardRate"])
+    records, invalidated_here, slash_events, only_node = p.records, p.invalidated_here, p.slashes, s.only_node
     slashes = []
     for e in slash_events:
         a = e.args
@@ -152,7 +120,7 @@ async def provider_status(
                 "validator": a["validator"],
                 "reason": a["reason"],
                 "work_key": a["reason"],
-                "pool": pool_id if here is not None else slash_pool.get(e.tx_hash + a["reason"]),
+                "pool": pool_id if here is not None else s.slash_pools.get(e.tx_hash + a["reason"]),
                 "node": here.node if here is not None else None,
                 "evidence": here.evidence if here is not None else None,
                 "tx": e.tx_hash,
@@ -160,7 +128,7 @@ async def provider_status(
             }
         )
     # With --node: that node's slashes here, plus those whose node is unknown (other pools).
-    slashes_shown = slashes if only_node is None else [s for s in slashes if s["node"] in (None, only_node)]
+    slashes_shown = slashes if only_node is None else [x for x in slashes if x["node"] in (None, only_node)]
 
     groups: dict[str, list[dict[str, Any]]] = {
         "pending": [], "claimable": [], "claimed": [], "invalidated": [], "disputed": []
@@ -220,7 +188,7 @@ async def provider_status(
         "pool_status": POOL_STATUS[int(pool["status"])],
         "reward_rate": rate,
         "validation_window": int(pool["validationWindow"]),
-        "block": block,
+        "block": s.block,
         "timestamp": now,
         "provider": {
             "address": who,
@@ -228,19 +196,19 @@ async def provider_status(
             "staked": staked,
             "unbonding": int(info["unbonding"]),
             "unbonding_end": int(info["unbondingEnd"]),
-            "locked_until": locked_until,
-            "required": required,
+            "locked_until": s.locked_until,
+            "required": s.required,
             "pool_min_stake": int(pool["minStake"]),
-            "meets_required": staked >= required,
+            "meets_required": staked >= s.required,
             "meets_pool_minimum": staked >= int(pool["minStake"]),
             "deposited": int(info["deposited"]),
             "withdrawn": int(info["withdrawn"]),
             "slashed": int(info["slashed"]),
-            "token_balance": balance,
+            "token_balance": s.balance,
             "node_count": int(info["nodeCount"]),
             "compute_units": int(info["computeUnits"]),
         },
-        "nodes": [nodes[n] for n in node_list],
+        "nodes": [s.nodes[n] for n in p.nodes],
         "work": groups,
         "totals": {
             "pending": total("pending", "expected_reward"),
@@ -250,8 +218,22 @@ async def provider_status(
             "disputed": total("disputed", None),
         },
         "slashes": slashes_shown,
-        "slashed_total": sum(s["amount"] for s in slashes_shown),
+        "slashed_total": sum(x["amount"] for x in slashes_shown),
     }
+
+
+def _duration(seconds: int) -> str:
+    s = max(int(seconds), 0)
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    if d:
+        return f"{d}d {h}h {m}m"
+    if h:
+        return f"{h}h {m}m"
+    if m:
+        return f"{m}m {s}s"
+    return f"{s}s"
 
 
 def format_status(st: dict[str, Any], limit: int = HUMAN_LIMIT) -> list[str]:

@@ -30,7 +30,7 @@ import trio
 from libp2p.peer.id import ID
 
 from node import ops
-from node.audit import audit
+from node.audit_read import audit
 from node.chain import ChainClient, Deployment
 from node.chain.abi import topic
 from node.chain.anvil import ANVIL_KEYS, Anvil, advance_time, free_port

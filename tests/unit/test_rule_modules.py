@@ -25,25 +25,45 @@ RULE_MODULES = [
     "node/chain/messages.py",
     "node/chain/signing.py",
     "node/tasks/math.py",
+    "node/audit.py",
+    "node/status.py",
     "pool/grpo/loss.py",
 ]
 
 # Modules that do I/O, or a concurrency runtime (which exists for I/O).
 IO_MODULES = {"trio", "anyio", "asyncio", "httpx", "requests", "socket", "sqlite3", "subprocess", "shutil", "libp2p"}
-IO_PROJECT = {"node.fsio", "node.store", "node.httpd", "node.chain.client", "node.chain.rpc", "node.chain.tx"}
+IO_PROJECT = {
+    "node.fsio",
+    "node.store",
+    "node.httpd",
+    "node.ops",
+    "node.daemon",
+    "node.chain.client",
+    "node.chain.rpc",
+    "node.chain.tx",
+    "node.chain.anvil",
+}
 # Calls that touch files.
 IO_CALLS = {"open", "read_text", "write_text", "read_bytes", "write_bytes", "mkdir", "unlink", "iterdir", "rename"}
 
 
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(REPO).with_suffix("").parts)
+
+
 def _io_uses(path: Path) -> list[str]:
     tree = ast.parse(path.read_text(), str(path))
+    package = _module_name(path).split(".")[:-1]
     found = []
     for node in ast.walk(tree):
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            names = [".".join([*base, *([node.module] if node.module else [])])]
+            if not node.module:  # from . import x
+                names = [f"{names[0]}.{a.name}" for a in node.names]
         for name in names:
             if name.split(".")[0] in IO_MODULES or name in IO_PROJECT:
                 found.append(f"line {node.lineno}: imports {name}")
@@ -65,6 +85,8 @@ def test_the_check_sees_io() -> None:
     shell = REPO / "node" / "store.py"
     found = _io_uses(shell)
     assert any("sqlite3" in f for f in found) and any("trio" in f for f in found)
+    # relative imports are resolved: the status shell's `from .ops import checksum` is I/O
+    assert any("node.ops" in f for f in _io_uses(REPO / "node" / "status_read.py"))
 
 
 # Modules still over the limit, each at most this long: the list only shrinks (issue 17 splits them into
@@ -75,7 +97,6 @@ STILL_LONG = {
     "pool/devnet.py": 745,
     "node/validator.py": 690,
     "node/inference/engine.py": 630,
-    "node/audit.py": 470,
     "cli/daemons.py": 470,
 }
 
