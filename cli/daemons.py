@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import os
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import click
-import trio
 
 from node import keys
-from node.daemon import setup_logging, until_signal
-from node.errors import ConfigError, PeerError
+from node.errors import ConfigError
 from node.p2p.discovery import parse_bootstrap
-from node.protocol import ProtocolError
-from node.store import DISK_FULL, StoreError
+from node.runtime import fatal_errors, make_metrics, run_daemon, setup_logging
 
 from ._common import AMOUNT, Settings, common
 
@@ -43,115 +36,12 @@ def _bootstrap(values: tuple[str, ...]) -> list[str]:
         raise click.BadParameter(str(exc)) from None
 
 
-def _leaves(exc: BaseException) -> Iterator[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        for e in exc.exceptions:
-            yield from _leaves(e)
-    else:
-        yield exc
-
-
 def _check_thresholds(thresholds: str | None) -> None:
     """A bad --thresholds fails at once (a `ConfigError`), not after the chain, the spec and the model load."""
     if thresholds:
         from node.verify import Calibrated
 
         Calibrated.load(thresholds)
-
-
-@contextlib.contextmanager
-def _daemon_errors() -> Iterator[None]:
-    """A daemon's fatal error as one `IntellectError` for the CLI's one line: trio nurseries wrap it in
-    an exception group, a full disk is an `OSError`, and a protocol violation is the peer's fault."""
-    try:
-        try:
-            yield
-        except BaseExceptionGroup as group:
-            leaves = [e for e in _leaves(group) if not isinstance(e, trio.Cancelled)]
-            if len(leaves) != 1:
-                raise
-            raise leaves[0] from None
-    except StoreError as exc:
-        raise StoreError(exc.message or str(exc), exc.hint or "check --data-dir (writable, space left)") from None
-    except OSError as exc:
-        if exc.errno not in DISK_FULL:
-            raise
-        where = f" ({exc.filename})" if exc.filename else ""
-        raise StoreError(f"out of disk space{where}: {exc.strerror}", "free space under --data-dir") from None
-    except ProtocolError as exc:
-        raise PeerError(f"the coordinator: {exc.message}", exc.hint) from None
-
-
-async def _serve(
-    daemon: Any, metrics: Any, metrics_addr: tuple[str, int] | None, what: str, data_dir: Path, live: bool = True
-) -> None:
-    """Run `daemon` until it fails or SIGINT/SIGTERM, with its /metrics and /status HTTP endpoint."""
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(until_signal, nursery.cancel_scope, what)
-        if metrics_addr is not None:
-            from node.metrics import serve_http
-
-            port = await nursery.start(serve_http, metrics, metrics_addr[0], metrics_addr[1], daemon.status)
-            (data_dir / "http.json").write_text(json.dumps({"host": metrics_addr[0], "port": port}))
-        nursery.start_soon(_sync_metrics, daemon, metrics)
-        if sys.stdout.isatty() and live:
-            nursery.start_soon(_live_view, daemon, what)
-        await daemon.run()
-        nursery.cancel_scope.cancel()
-    logging.getLogger("intellect").info("%s: shut down", what)
-
-
-async def _sync_metrics(daemon: Any, metrics: Any, every: float = 2.0) -> None:
-    """Carry figures the daemon keeps itself (gossip rejections and drops, stake, policy) into metrics."""
-    seen_rejected: dict[str, int] = {}
-    seen_dropped = 0
-    while True:
-        await trio.sleep(every)
-        net = getattr(daemon, "net", None)
-        if net is not None:
-            for reason, n in list(net.rejected.items()):
-                key = str(getattr(reason, "value", reason))
-                delta = n - seen_rejected.get(key, 0)
-                if delta > 0:
-                    metrics.gossip_rejected.labels(reason=key).inc(delta)
-                    seen_rejected[key] = n
-            dropped = sum(net.dropped.values()) + net.node.dropped_outbound
-            if dropped > seen_dropped:
-                metrics.gossip_dropped.inc(dropped - seen_dropped)
-                seen_dropped = dropped
-        stake = getattr(daemon, "stake_now", None)
-        if stake:
-            metrics.set_stake(int(stake))
-        cfg = getattr(daemon, "cfg", None)
-        if cfg is not None and hasattr(cfg, "policy_version"):
-            metrics.policy_version.set(cfg.policy_version)
-
-
-async def _live_view(daemon: Any, what: str) -> None:
-    """A live panel of the daemon's status in a terminal (logs scroll above it)."""
-    from rich.live import Live
-    from rich.table import Table
-
-    def render() -> Table:
-        t = Table(title=f"intellect-node {what}", show_header=False, expand=False)
-        for k, v in daemon.status().items():
-            if isinstance(v, dict):
-                v = ", ".join(f"{a}={b}" for a, b in v.items()) or "-"
-            elif isinstance(v, list):
-                v = f"{len(v)} item(s)"
-            t.add_row(str(k), str(v))
-        return t
-
-    with Live(render(), refresh_per_second=1, transient=True) as view:
-        while True:
-            await trio.sleep(1.0)
-            view.update(render())
-
-
-def _make_metrics(role: str) -> Any:
-    from node.metrics import Metrics
-
-    return Metrics(role)
 
 
 def _node_key(data_dir: Path, node_keystore: str | None) -> Any:
@@ -266,11 +156,11 @@ def join_command(
     relay = _host_port(relay_at)
     if relay is not None:
         cfg.relay_host, cfg.relay_port = relay
-    metrics = _make_metrics("worker")
+    metrics = make_metrics("worker")
     try:
-        with _daemon_errors():
+        with fatal_errors():
             worker = Worker(cfg, provider, node, confirm=_confirm, metrics=metrics)
-            trio.run(_serve, worker, metrics, _host_port(metrics_at), "worker", d)
+        run_daemon(worker, metrics, _host_port(metrics_at), "worker", d)
     except Declined as exc:
         raise ConfigError(f"not confirmed: {exc}", "pass --yes to skip the question") from None
 
@@ -334,9 +224,8 @@ def validate_command(
         rpc_wait=rpc_wait,
         lie=lie,
     )
-    metrics = _make_metrics("validator")
-    with _daemon_errors():
-        trio.run(_serve, Validator(cfg, key, metrics), metrics, _host_port(metrics_at), "validator", d)
+    metrics = make_metrics("validator")
+    run_daemon(Validator(cfg, key, metrics), metrics, _host_port(metrics_at), "validator", d)
 
 
 @click.command("coordinator")
@@ -457,9 +346,8 @@ def coordinator_command(
     weights = _host_port(weights_at)
     if weights is not None:
         cfg.weights_host, cfg.weights_port = weights
-    metrics = _make_metrics("coordinator")
-    with _daemon_errors():
-        trio.run(_serve, Coordinator(cfg, key, metrics), metrics, _host_port(metrics_at), "coordinator", d)
+    metrics = make_metrics("coordinator")
+    run_daemon(Coordinator(cfg, key, metrics), metrics, _host_port(metrics_at), "coordinator", d)
 
 
 COMMANDS = [join_command, validate_command, coordinator_command]

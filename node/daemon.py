@@ -1,11 +1,10 @@
-"""Plumbing shared by the three daemons (worker, validator, coordinator): connecting to the chain with
-retries, the pool's bootstrap peers, model tools, clean shutdown on SIGINT/SIGTERM."""
+"""Plumbing shared by the three daemons (worker, validator, coordinator) inside their `run()`: connecting
+to the chain with retries, the pool's bootstrap peers and network, evidence documents, policy prefills.
+The process around them (logging, signals, the trio root, metrics, fatal errors) is `node.runtime`."""
 
 from __future__ import annotations
 
 import logging
-import signal
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -283,43 +282,6 @@ class PolicyPrefills:
             del self.held[old]
         self.held[version] = model
         return model
-
-
-async def until_signal(cancel: trio.CancelScope, what: str) -> None:
-    """Cancel `cancel` on SIGINT or SIGTERM: the daemon's nurseries unwind and it exits cleanly."""
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for sig in signals:
-            log.info("%s: %s received, shutting down", what, signal.Signals(sig).name)
-            cancel.cancel()
-            return
-
-
-def setup_logging(verbose: bool = False) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
-    from .p2p.host import quiet_libp2p_logs
-
-    quiet_libp2p_logs()
-    for noisy in ("httpx", "httpcore", "vllm", "transformers"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    sys.unraisablehook = log_unraisable
-
-
-def log_unraisable(u: Any) -> None:
-    """Python's hook for exceptions nobody can catch (a finaliser, a coroutine closed by the garbage
-    collector). They go to the daemon's log with the object, the thread and the traceback, so an
-    intermittent one (e.g. async code closed outside trio's context) can be traced to its source."""
-    import threading
-    import traceback
-
-    tb = "".join(traceback.format_exception(u.exc_type, u.exc_value, u.exc_traceback))
-    logging.getLogger("intellect.unraisable").error(
-        "%s %r in thread %s:\n%s", u.err_msg or "Exception ignored in", u.object,
-        threading.current_thread().name, tb.rstrip(),
-    )  # fmt: skip
 
 
 def count(metrics: Any, name: str, value: float = 1.0, **labels: str) -> None:

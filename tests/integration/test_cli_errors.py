@@ -287,7 +287,7 @@ def test_advance_time_with_rpc_down(chain, monkeypatch, capsys):
 def test_a_daemon_out_of_disk_space_ends_with_one_line() -> None:
     """A full disk that a daemon cannot wait out ends it with a one-line error naming the file (trio
     wraps it in exception groups); any other OSError is a bug and keeps its traceback."""
-    from cli.daemons import _daemon_errors
+    from node.runtime import fatal_errors as _daemon_errors
     from node.store import StoreError
 
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/data/worker.db-wal")

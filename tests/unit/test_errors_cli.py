@@ -16,10 +16,10 @@ import trio
 import cli
 import node
 import pool
-from cli.daemons import _daemon_errors
 from cli.main import cli as root
 from cli.main import entry
 from node.errors import ConfigError, IntellectError
+from node.runtime import fatal_errors
 
 MESSAGE = "something specific went wrong"
 HINT = "do the obvious thing"
@@ -113,7 +113,7 @@ def test_error_reaches_the_user_as_one_line(cls: type, monkeypatch, capsys) -> N
                     inner.start_soon(trio.sleep, 0)
                     raise exc
 
-        with _daemon_errors():
+        with fatal_errors():
             trio.run(daemon)
 
     monkeypatch.setitem(root.commands, "boom", click.Command("boom", callback=raise_it))

@@ -97,7 +97,6 @@ STILL_LONG = {
     "pool/devnet.py": 745,
     "node/validator.py": 690,
     "node/inference/engine.py": 630,
-    "cli/daemons.py": 470,
 }
 
 

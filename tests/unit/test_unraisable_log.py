@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from node.daemon import log_unraisable
+from node.runtime import log_unraisable
 
 
 class _Finaliser:
