@@ -1,0 +1,77 @@
+"""The validator's rules for one recorded piece of work, as pure functions: where a check goes next.
+
+A record's status in the validator's state (`node.validator.state`):
+
+    pending --not sampled, no suspicion--> skipped --the trainer refused it--> pending
+    pending --checked, passed--> ok
+    pending --checked, failed--> invalid --node signed it--> accused (hard) | invalidated (soft: never served)
+                                        --no node signature--> unsigned (reported, never slashed; asked again)
+    pending | invalid | unsigned --record left the window (claimed, disputed, invalidated)--> see `after_record_left`
+    pending | invalid | unsigned --deadline within the margin--> settled
+    pending --internal error, `max_internal_errors` times--> error (given up, reported loudly)
+    accused --appeal period over, unappealed / committee decided--> invalidated | overturned | settled
+
+A committee duty (an appeal or a challenge of the pool) is open until we voted, were not drawn, or it
+closed.
+"""
+
+from __future__ import annotations
+
+OPEN = ("pending", "invalid", "unsigned")
+"""Statuses checked again every round."""
+
+ALREADY_DONE = ("AlreadySettled", "DeadlinePassed", "AlreadyDisputed")
+"""Contract errors that mean an invalidation is moot: the record is settled (by someone else, or time)."""
+
+VOTE_MOOT = ("NotDisputed", "VotePeriodOver", "NotJuror")
+"""Contract errors that mean a committee vote is moot: the duty is closed."""
+
+
+def after_record_left(status: str, ours: bool, dispute_kind: str, record_status: str) -> str:
+    """The status of a record the ledger no longer holds as pending: `ours` says whether the open or
+    last dispute is our own accusation (sent before a restart, say)."""
+    if ours and dispute_kind in ("accusation", "appeal"):
+        return "accused"
+    if ours or (status == "invalid" and record_status == "invalidated"):
+        return "invalidated"
+    return "settled"
+
+
+def too_late(now: int, margin: int, deadline: int) -> bool:
+    """Whether a record is past checking: its deadline is within `margin` seconds (a transaction
+    might not land in time)."""
+    return now + margin >= deadline
+
+
+def last_chance(now: int, margin: int, deadline: int) -> bool:
+    """Whether this round is the last one that can still act on the record (unavailable now is the
+    verdict, instead of asking again later)."""
+    return now + 2 * margin >= deadline
+
+
+def after_check(ok: bool) -> str:
+    return "ok" if ok else "invalid"
+
+
+def after_internal_error(errors: int, max_errors: int, status: str) -> str:
+    """A check that failed on our side keeps its status (retried) until `max_errors` failures."""
+    return "error" if errors >= max_errors else status
+
+
+def after_invalidation(hard: bool) -> str:
+    """A hard invalidation is an accusation until its appeal period ends; a soft one is final."""
+    return "accused" if hard else "invalidated"
+
+
+def after_dispute(verdict: str) -> str | None:
+    """The status of our accusation once its dispute has a verdict (None while it is open)."""
+    if verdict == "open":
+        return None
+    return {"upheld": "invalidated", "overturned": "overturned"}.get(verdict, "settled")
+
+
+def duty_after_juror_state(state: int) -> str | None:
+    """A duty's status from our juror state on chain (1: drawn, still to vote: None)."""
+    if state == 1:
+        return None
+    return "voted" if state == 2 else "not-drawn"
