@@ -28,6 +28,7 @@ RULE_MODULES = [
     "node/audit.py",
     "node/status.py",
     "node/validator/rules.py",
+    "node/worker/rules.py",
     "pool/grpo/loss.py",
 ]
 
@@ -94,7 +95,6 @@ def test_the_check_sees_io() -> None:
 # role folders). A new module over 450 lines, or one of these growing, fails.
 STILL_LONG = {
     "pool/coordinator.py": 1190,
-    "node/worker.py": 930,
     "pool/devnet.py": 745,
     "node/inference/engine.py": 630,
 }

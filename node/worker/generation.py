@@ -1,0 +1,209 @@
+"""How the worker generates: the vLLM engine (the devnet's cheats included), the policy version a task
+allows (hot reload, bounded wait for a download), the checkpoint downloads and the relay it serves them
+from. A mixin of `Worker`."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from typing import Any
+
+import trio
+
+from .. import protocol
+from ..errors import IntellectError
+from ..inference.tools import model_tools
+from ..policy import PolicyAnnouncement
+from ..rollout.file import RolloutHeader
+from ..tasks.math import get_env
+from . import rules
+
+log = logging.getLogger("intellect.worker")
+
+
+class PolicyUnavailable(IntellectError):
+    """No checkpoint a task allows could be fetched in time; the worker asks for work again later."""
+
+
+class GenerationMixin:
+    """State set up by `Worker.__init__`."""
+
+    cfg: Any
+    state: Any
+    store: Any
+
+    def _load_engine(self, model: str, noise: float = 0.0) -> None:
+        from ..inference.engine import VllmEngine
+
+        if self.engine is not None and self.engine_model == model:
+            return
+        if self.engine is not None:
+            self.engine.close()
+        tools = model_tools(model)
+        self.engine = VllmEngine(tools.path, seed=0)
+        if noise > 0:  # the devnet adversary: almost the pool's model, not quite
+            from ..calibrate import _load_state, noisy_weights
+
+            self.engine.reload_weights(noisy_weights(_load_state(tools.path), noise, seed=7))
+        self.engine_model = model
+        self.tools = tools
+
+    async def generate(self, task: protocol.Task) -> bytes:
+        from ..inference.engine import SamplingSpec
+        from ..rollout.build import build_rollout_file
+
+        model, noise = task.model, 0.0
+        if self.cfg.cheat == "model":
+            # another model's weights: the tiny model with another seed, else the pool's model with
+            # 5 % multiplicative noise on every weight (same tokenizer, so the prompts still match)
+            if task.model == "tiny":
+                model = "tiny:1"
+            else:
+                noise = 0.05
+        if self.engine is None or self.engine_model != model:
+            self.phase = f"loading model {model}"
+            await trio.to_thread.run_sync(self._load_engine, model, noise)
+        version = await self.ensure_policy(task)
+        assert self.tools is not None
+        tools, env = self.tools, get_env(task.env)
+        problems = env.problems(task.seed, task.prompts)
+        s = task.sampling
+        temperature = float(s["temperature"]) * (2.0 if self.cfg.cheat == "temperature" else 1.0)
+        spec = SamplingSpec(
+            temperature=temperature,
+            top_p=float(s.get("top_p", 1.0)),
+            max_tokens=int(s["max_tokens"]),
+            seed=task.seed % (2**31),
+            stop_token_ids=tuple(sorted(tools.stop_ids)),
+        )
+        header = RolloutHeader(
+            pool_id=task.pool_id,
+            node=self.node.address,
+            policy_version=version,
+            env=task.env,
+            task_seed=task.seed,
+            sampling=dict(s),
+            model=task.model,
+            extra={"task_id": task.task_id},
+        )
+
+        cheat = self.cfg.cheat
+
+        def work() -> bytes:
+            prompts = [tools.encode(p.prompt) for p in problems]
+            if cheat == "duplicate":  # one draw per prompt, sent as the whole group, its logprobs inflated
+                groups = []  # (to 0, so the coordinator's cheap bound, which trusts them, sees nothing wrong)
+                for g in self.engine.generate(prompts, spec, n=1):
+                    g[0].logprobs = [0.0] * len(g[0].tokens)
+                    groups.append([g[0]] * task.group_size)
+            else:
+                groups = self.engine.generate(prompts, spec, n=task.group_size)
+            f = build_rollout_file(header, problems, groups, env=env, decode=tools.decode)
+            if cheat == "poison":  # modulus 0: the reference verifier dies of a division by zero on it
+                f = replace(f, samples=[replace(x, proofs=[bytes(258)] * len(x.proofs)) for x in f.samples])
+            return f.to_bytes()
+
+        return await trio.to_thread.run_sync(work)
+
+    async def _start_relay(self, nursery: trio.Nursery) -> None:
+        from ..weights.serve import serve_weights
+        from ..weights.store import WeightStore
+
+        self._relay_store = WeightStore(self.cfg.data_dir / "relay", keep=3)
+        port = await nursery.start(serve_weights, self._relay_store, self.cfg.relay_host, self.cfg.relay_port)
+        self.relay_url = f"http://{self.cfg.relay_host}:{port}"
+        log.info("serving policy checkpoints as a relay at %s", self.relay_url)
+
+    async def _policy_loop(self) -> None:
+        assert self.net is not None
+        async for env in self.net.subscribe("policy"):
+            try:
+                ann = PolicyAnnouncement.from_body(env.body)
+            except protocol.ProtocolError as exc:
+                log.warning("ignoring a policy announcement: %s", exc)
+                continue
+            self.book.update(ann)
+            upstreams = [u.rstrip("/") for u in ann.sources if u != self.relay_url]
+            if self.relay_url is not None and upstreams:
+                if self.relay is None:  # the relay starts with the first upstreams it hears of
+                    from ..weights.relay import Relay
+
+                    assert self._nursery is not None
+                    self.relay = Relay(self._relay_store, upstreams)
+                    await self._nursery.start(self.relay.run)
+                else:
+                    self.relay.upstreams = upstreams
+            v = self.book.latest
+            if v > 0 and v not in self.downloaded and v not in self._downloading and v in self.book.hashes:
+                self._start_download(v)
+
+    async def _download(self, version: int) -> None:
+        from ..weights.client import DownloadError, download
+
+        h = self.book.hashes[version]
+        try:
+            sources = [u for u in self.book.sources if u != self.relay_url]
+            if self.relay is not None:
+                self.relay.announce(version, h)
+                if await self.relay.wait(version, 300.0):
+                    sources = [self.relay_url, *sources]  # type: ignore[list-item]
+            started = time.monotonic()
+            path = await download(version, h, sources, self.cfg.data_dir / "weights", keep=4)
+            self.downloaded[version] = path
+            for old in [v for v in self.downloaded if v < version - 4]:
+                self.downloaded.pop(old, None)
+            log.info("policy version %d downloaded and verified in %.1f s", version, time.monotonic() - started)
+            self._new_download.set()
+            self._new_download = trio.Event()
+        except DownloadError as exc:
+            log.warning("download of policy version %d failed: %s", version, exc)
+        finally:
+            self._downloading.discard(version)
+
+    async def ensure_policy(self, task: protocol.Task) -> int:
+        """Load the newest checkpoint that is fresh enough for `task` (hot reload, no restart);
+        wait (bounded) for a download when the loaded one is too old. Returns the version in use."""
+        deadline = trio.current_time() + self.cfg.policy_wait
+        # A newer version that is already downloading is worth a short wait (seconds on a LAN);
+        # without one the worker goes on with what it has, as long as the task allows it.
+        fresh_deadline = trio.current_time() + self.cfg.fresh_wait
+        while True:
+            best = rules.best_downloaded(self.downloaded, task.min_policy_version, task.policy_version)
+            if best is not None and best > self.loaded_version:
+                if self.cfg.cheat != "model":  # the model cheater keeps its own weights and lies
+                    self.phase = f"loading policy version {best}"
+                    await trio.to_thread.run_sync(self.engine.reload_weights, self.downloaded[best])
+                self.loaded_version = best
+                log.info("now generating with policy version %d", best)
+            in_flight = rules.newer_coming(
+                self.loaded_version, self._downloading, self.book.latest, task.policy_version
+            )
+            fresh_enough = task.min_policy_version <= self.loaded_version <= task.policy_version
+            if not fresh_enough and best is None and not in_flight:
+                self._fetch_for(task)
+            if fresh_enough and (not in_flight or trio.current_time() > fresh_deadline):
+                return self.loaded_version
+            if trio.current_time() > deadline:
+                raise PolicyUnavailable(
+                    f"policy version {task.min_policy_version}+ not available after {self.cfg.policy_wait:.0f} s; "
+                    "check that the coordinator's weight server and relays are reachable"
+                )
+            self.phase = f"waiting for policy version {task.min_policy_version}"
+            with trio.move_on_after(5.0):
+                await self._new_download.wait()
+
+    def _fetch_for(self, task: protocol.Task) -> None:
+        """Start downloading the newest announced version `task` allows, when none is held: the task may
+        predate the latest announcement (it was issued before a restart), and only the latest version
+        is fetched as announcements arrive."""
+        v = rules.version_to_fetch(
+            self.book.hashes, self.downloaded, self._downloading, task.min_policy_version, task.policy_version
+        )
+        if v is not None:
+            self._start_download(v)
+
+    def _start_download(self, version: int) -> None:
+        assert self._nursery is not None
+        self._downloading.add(version)
+        self._nursery.start_soon(self._download, version)
