@@ -194,7 +194,7 @@ async def test_a_node_with_invalidated_work_loses_its_untrained_rollouts_and_its
 def test_refusal_records_are_bounded(tmp_path: Path, monkeypatch: Any) -> None:
     from eth_account import Account
 
-    import pool.coordinator as coordinator_module
+    import pool.coordinator.intake as coordinator_module
     from node.chain.deployment import Deployment
 
     monkeypatch.setattr(coordinator_module, "MAX_REJECTIONS", 5)

@@ -29,6 +29,7 @@ RULE_MODULES = [
     "node/status.py",
     "node/validator/rules.py",
     "node/worker/rules.py",
+    "pool/coordinator/rules.py",
     "pool/grpo/loss.py",
 ]
 
@@ -94,7 +95,6 @@ def test_the_check_sees_io() -> None:
 # Modules still over the limit, each at most this long: the list only shrinks (issue 17 splits them into
 # role folders). A new module over 450 lines, or one of these growing, fails.
 STILL_LONG = {
-    "pool/coordinator.py": 1190,
     "pool/devnet.py": 745,
     "node/inference/engine.py": 630,
 }

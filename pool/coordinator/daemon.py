@@ -1,0 +1,375 @@
+"""The pool owner's coordinator daemon (`intellect-node coordinator --pool ID`).
+
+It signs invites for nodes that qualify, hands out tasks (prompts drawn from a seed the worker cannot
+pick), accepts rollout uploads after cheap checks (`node.protocol.check_submission`), records accepted
+work on chain in batches, publishes the policy version, and ejects members that stop heartbeating.
+
+Crash safety: an upload is answered "accepted" only after its row is committed to sqlite, and the
+rollout bytes are already in the content-addressed blob store by then; batches go through the
+durable transaction journal, and before each batch the chain is asked which keys are already
+recorded, so a restart neither loses an accepted rollout nor records one twice.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+from eth_account.signers.local import LocalAccount
+
+from node import ops, protocol
+from node.chain import ChainClient, ChainError, Deployment
+from node.daemon import (
+    connect_chain,
+    count,
+    serve_evidence,
+)
+from node.errors import ConfigError
+from node.evidence import MAX_SERVED_EVIDENCE_BYTES
+from node.inference.tools import ModelTools, model_tools
+from node.p2p.blobs import BlobStore, serve_blobs
+from node.p2p.host import COORDINATOR_MAX_CONNECTIONS
+from node.p2p.membership import ChainMembership
+from node.p2p.network import PoolNetwork
+from node.policy import RelayBook
+from node.store import Store, settle_journal
+from node.tasks.math import get_env
+from node.taskspec import TaskSpec, TaskSpecError, pool_spec
+from node.weights.serve import serve_weights
+from node.weights.store import WeightStore
+
+from .intake import IntakeMixin
+from .ledger import LedgerMixin
+from .network import NetworkMixin
+from .training import TrainingMixin
+
+log = logging.getLogger("intellect.coordinator")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id TEXT PRIMARY KEY,
+    node TEXT NOT NULL,
+    body TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'issued',     -- issued | submitted | superseded
+    work_key TEXT,
+    expires_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS tasks_node ON tasks(node, status);
+CREATE TABLE IF NOT EXISTS rollouts (
+    work_key TEXT PRIMARY KEY,
+    task_id TEXT NOT NULL,
+    node TEXT NOT NULL,
+    units INTEGER NOT NULL,
+    policy_version INTEGER NOT NULL,
+    proof_commitment TEXT NOT NULL,
+    mean_reward REAL NOT NULL,
+    accepted_at REAL NOT NULL,
+    status TEXT NOT NULL DEFAULT 'accepted',   -- accepted | recorded | dropped
+    tx TEXT,
+    note TEXT,
+    trained INTEGER NOT NULL DEFAULT 0,        -- 0 not yet | 1 trained on | -1 never (stale, unreadable) | -2 failed the trainer's checks
+    signature TEXT                             -- the node's RolloutClaim signature of the work key
+);
+CREATE TABLE IF NOT EXISTS completions (       -- every accepted completion, to judge copies across files
+    prompt TEXT NOT NULL,                      -- sha256 of the prompt token ids
+    completion TEXT NOT NULL,                  -- sha256 of prompt and completion token ids
+    work_key TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS completions_prompt ON completions(prompt);
+CREATE INDEX IF NOT EXISTS completions_completion ON completions(completion);
+CREATE INDEX IF NOT EXISTS rollouts_status ON rollouts(status);
+CREATE TABLE IF NOT EXISTS rejections (
+    at REAL NOT NULL, node TEXT NOT NULL, reason TEXT NOT NULL, detail TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS steps (
+    version INTEGER PRIMARY KEY,               -- the version this step produced
+    mean_reward REAL NOT NULL,
+    files INTEGER NOT NULL,
+    samples INTEGER NOT NULL,
+    stale INTEGER NOT NULL,
+    versions TEXT NOT NULL,                    -- policy versions of the rollouts trained on
+    seconds REAL NOT NULL,
+    manifest_hash TEXT NOT NULL,
+    at REAL NOT NULL,
+    verified INTEGER NOT NULL DEFAULT 0        -- of the samples, those the trainer's checks passed
+);
+CREATE TABLE IF NOT EXISTS invalidated (       -- WorkInvalidated events of this pool, with the node we accepted it from
+    work_key TEXT PRIMARY KEY, node TEXT, block INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS invites (
+    node TEXT PRIMARY KEY, nonce TEXT NOT NULL, expiry INTEGER NOT NULL, signature TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS evidence (          -- the pool's validators' evidence documents we keep and serve
+    hash TEXT PRIMARY KEY, work_key TEXT NOT NULL, sender TEXT NOT NULL, at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS evidence_work_key ON evidence(work_key);
+"""
+
+
+@dataclass
+class CoordinatorConfig:
+    pool_id: int
+    data_dir: Path
+    rpc_url: str
+    deployment: Deployment
+    listen: str = "/ip4/127.0.0.1/tcp/0"
+    # The task terms: None takes the pool's task spec's; a value that disagrees with it refuses to start
+    # (validators check work against the spec, so tasks under other terms would all be invalidated).
+    model: str | None = None
+    env: str | None = None
+    prompts: int = 4
+    group_size: int | None = None
+    sampling: dict[str, Any] | None = None
+    task_ttl: float = 900.0
+    invite_ttl: int = 3600
+    record_every: float = 2.0
+    batch_size: int = 256
+    eject_after: float = 600.0
+    heartbeat_grace: float = 120.0
+    async_level: int | None = None
+    policy_version: int = 0
+    max_rollout_bytes: int = 16 * 1024 * 1024
+    rpc_wait: float = 60.0
+    train: bool = False
+    train_files: int = 2
+    lr: float = 2e-4
+    weights_host: str = "127.0.0.1"
+    weights_port: int = 0
+    weights_rate: float | None = None
+    keep_checkpoints: int = 4  # newest checkpoints always served
+    keep_checkpoint_seconds: float = 6 * 3600.0  # and every version current within this long
+    blacklist_after: int = 0  # invalidated records after which a node gets no task and is blacklisted (0: never)
+    orphan_after: float = 600.0  # an upload no accepted rollout names is deleted after this long
+    thresholds: str | None = None  # calibrated thresholds for the trainer's checks (default: the spec model's)
+    seed: int | None = None  # fixed task seeds (reproducible experiments); None: unpredictable
+
+
+class Coordinator(IntakeMixin, LedgerMixin, NetworkMixin, TrainingMixin):
+    def __init__(self, cfg: CoordinatorConfig, key: LocalAccount, metrics: Any = None) -> None:
+        self.cfg = cfg
+        self.key = key
+        self.metrics = metrics
+        self._parse_limiter = trio.CapacityLimiter(4)  # rollout files parsed at once on submission
+        self._member_hosts: tuple[float, set[str]] = (-1e9, set())
+        self.store = Store(cfg.data_dir / "coordinator.db", SCHEMA)
+        self.store.add_column("rollouts", "signature", "TEXT")
+        self.store.add_column("steps", "verified", "INTEGER NOT NULL DEFAULT 0")
+        self.blobs = BlobStore(cfg.data_dir / "blobs", cfg.max_rollout_bytes)
+        # evidence documents by hash: the trainer's own verdicts and those the pool's validators publish
+        self.evidence = BlobStore(cfg.data_dir / "evidence", MAX_SERVED_EVIDENCE_BYTES, suffix=".json")
+        self.spec: TaskSpec | None = None
+        self.env: Any = get_env(cfg.env) if cfg.env else None
+        self.tools: ModelTools | None = None
+        self.checks: Any = None  # node.verify.FileChecks for the trainer (set when training)
+        self._recording = trio.Lock()
+        self._rejection_logged: dict[str, float] = {}
+        self.chain: ChainClient | None = None
+        self.membership: ChainMembership | None = None
+        self.net: PoolNetwork | None = None
+        self.rejected: Counter[str] = Counter()
+        self.heartbeats: dict[str, float] = {}
+        self.started_at = time.time()
+        self.ready = trio.Event()
+        self.last_error = ""
+        self.trainer: Any = None
+        self.weights = WeightStore(cfg.data_dir / "weights", keep=cfg.keep_checkpoints)
+        self.origin_url: str | None = None
+        self.relays = RelayBook()
+        self._announce_now = trio.Event()
+        self.outsiders: dict[str, float] = {}
+        self.invite_replies: dict[str, tuple[float, bytes]] = {}
+        self._unfunded_warned = -1e9
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> dict[str, Any]:
+        counts = self.store.counts("rollouts")
+        per_node: dict[str, dict[str, int]] = {}
+        for r in self.store.query("SELECT node, status, COUNT(*), SUM(units) FROM rollouts GROUP BY node, status"):
+            d = per_node.setdefault(r[0], {})
+            d[r[1]] = int(r[2])
+            d[f"{r[1]}_units"] = int(r[3] or 0)
+        rewards = self.store.query("SELECT AVG(mean_reward) FROM rollouts WHERE status IN ('accepted','recorded')")
+        return {
+            "role": "coordinator",
+            "pool": self.cfg.pool_id,
+            "address": self.key.address,
+            "ready": self.ready.is_set(),
+            "listen": self.net.listen_addrs if self.net else [],
+            "peers": len(self.net.node.peers) if self.net else 0,
+            "members": sorted(self.membership.snapshot().members) if self.membership and self.membership.loaded else [],
+            "tasks_issued": int(self.store.scalar("SELECT COUNT(*) FROM tasks") or 0),
+            "rollouts": counts,
+            "per_node": per_node,
+            "rejected": dict(self.rejected),
+            "mean_reward": rewards[0][0] if rewards and rewards[0][0] is not None else None,
+            "policy_version": self.cfg.policy_version,
+            "training": self.cfg.train,
+            "reward_curve": [
+                round(float(r[0]), 4) for r in self.store.query("SELECT mean_reward FROM steps ORDER BY version")
+            ],
+            "trained_versions": [
+                json.loads(r[0]) for r in self.store.query("SELECT versions FROM steps ORDER BY version")
+            ],
+            "stale_never_trained": int(self.store.scalar("SELECT COUNT(*) FROM rollouts WHERE trained = -1") or 0),
+            # rollouts the trainer's checks refused, per node, and the samples trained / verified before training
+            "trainer_refused": {
+                str(r[0]): int(r[1])
+                for r in self.store.query("SELECT node, COUNT(*) FROM rollouts WHERE trained = -2 GROUP BY node")
+            },
+            # rollouts that went into a policy step having passed the trainer's checks, per node (a group
+            # whose rewards are all equal has no advantage and trains no sample, but was still taken)
+            "trainer_took": {
+                str(r[0]): int(r[1])
+                for r in self.store.query("SELECT node, COUNT(*) FROM rollouts WHERE trained = 1 GROUP BY node")
+            },
+            "samples_trained": int(self.store.scalar("SELECT COALESCE(SUM(samples), 0) FROM steps") or 0),
+            "samples_verified": int(self.store.scalar("SELECT COALESCE(SUM(verified), 0) FROM steps") or 0),
+            "relays": sorted(self.relays.live(time.time())),
+            "relays_refused": self.relays.refused(time.time()),
+            "rollout_versions": self._rollout_versions(),
+            "txs": self.store.journal.counts(),
+            "gossip_rejected": {str(k): v for k, v in self.net.rejected.items()} if self.net else {},
+            "last_error": self.last_error,
+        }
+
+    def _rollout_versions(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for node, v in self.store.query("SELECT node, policy_version FROM rollouts ORDER BY accepted_at"):
+            out.setdefault(node, []).append(int(v))
+        return out
+
+    def _count(self, name: str, value: float = 1.0, **labels: str) -> None:
+        count(self.metrics, name, value, **labels)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+        cfg = self.cfg
+        self.chain = await connect_chain(
+            cfg.rpc_url, cfg.deployment, self.key, journal=self.store.journal, wait=cfg.rpc_wait, what="coordinator"
+        )
+        try:
+            settled = await settle_journal(self.store.journal, self.chain.sender)  # type: ignore[arg-type]
+            if settled:
+                log.info("settled %d transaction(s) sent before a restart", len(settled))
+            info = await ops.pool_info(self.chain, cfg.pool_id)
+            if info["coordinator"].lower() != self.key.address.lower():
+                raise ChainError(
+                    f"{self.key.address} is not the coordinator of pool {cfg.pool_id} (that is {info['coordinator']})",
+                    "run the coordinator with the pool's coordinator key",
+                )
+            if info["statusName"] != "active":
+                raise ChainError(
+                    f"pool {cfg.pool_id} is {info['statusName']}, not active",
+                    "start it with `intellect-node pool start`",
+                )
+            self.load_spec(await self.fetch_spec(info))
+            self.tools = await trio.to_thread.run_sync(model_tools, cfg.model)
+            if cfg.train:
+                self.checks = self.training_checks()
+            cfg.policy_version = int(self.store.get("policy_version", "0") or 0)
+            self.membership = ChainMembership(self.chain, cfg.pool_id, interval=1.0)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.membership.run)
+                if cfg.train:
+                    port = await nursery.start(
+                        functools.partial(
+                            serve_weights, self.weights, cfg.weights_host, cfg.weights_port,
+                            rate_limit_bytes_per_s=cfg.weights_rate, relay_hosts=self.relay_hosts,
+                            member_hosts=self.member_hosts,
+                        )
+                    )  # fmt: skip
+                    self.origin_url = f"http://{cfg.weights_host}:{port}"
+                    self.trainer = await trio.to_thread.run_sync(self._load_trainer)
+                    log.info(
+                        "training on: policy version %d, weights served at %s", cfg.policy_version, self.origin_url
+                    )
+                self.net = PoolNetwork(
+                    private_key=bytes(self.key.key),
+                    pool=cfg.pool_id,
+                    membership=self.membership.snapshot,
+                    listen=cfg.listen,
+                    max_connections=COORDINATOR_MAX_CONNECTIONS,  # every worker and validator dials it
+                )
+                async with self.net:
+                    serve_blobs(self.net.node, self.blobs, max_uploads=32, allow=self.may_use_blobs)
+                    serve_evidence(self.net, self.evidence)
+                    self.net.node.set_handler(protocol.INVITE_PROTOCOL, self._on_invite)
+                    self.net.node.set_handler(protocol.TASK_PROTOCOL, self._on_task)
+                    self.net.node.set_handler(protocol.SUBMIT_PROTOCOL, self._on_submit, timeout=60.0)
+                    self.net.node.set_handler(protocol.SIGNATURE_PROTOCOL, self._on_signature)
+                    nursery.start_soon(self._record_loop)
+                    nursery.start_soon(self._heartbeat_loop)
+                    nursery.start_soon(self._evidence_loop)
+                    nursery.start_soon(self._eject_loop)
+                    nursery.start_soon(self._policy_loop)
+                    nursery.start_soon(self._orphan_loop)
+                    if cfg.train:
+                        nursery.start_soon(self._train_loop)
+                        nursery.start_soon(self._relay_probe_loop)
+                    log.info("coordinator of pool %d listening on %s", cfg.pool_id, ", ".join(self.net.listen_addrs))
+                    self.ready.set()
+                    task_status.started(self.net.listen_addrs)
+                    await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.chain.aclose()
+                self.store.close()
+
+    async def fetch_spec(self, info: dict[str, Any]) -> TaskSpec:
+        try:
+            return await pool_spec(info)
+        except TaskSpecError as exc:
+            raise TaskSpecError(exc.message, exc.hint or "serve the spec at the pool's spec URI") from None
+
+    def load_spec(self, spec: TaskSpec) -> None:
+        """Take the task terms from the pool's spec; a configured value that differs is an error."""
+        cfg = self.cfg
+        wanted = {
+            "model": (cfg.model, spec.model),
+            "env": (cfg.env, spec.env),
+            "group_size": (cfg.group_size, spec.group_size),
+            "async_level": (cfg.async_level, spec.async_level),
+        }
+        for k, v in (cfg.sampling or {}).items():
+            wanted[f"sampling.{k}"] = (v, spec.sampling.get(k))
+        wrong = [f"{k} {mine!r} (the spec says {theirs!r})" for k, (mine, theirs) in wanted.items()
+                 if mine is not None and mine != theirs]  # fmt: skip
+        if wrong:
+            raise ConfigError(
+                f"pool {cfg.pool_id}'s task spec disagrees with this coordinator's settings: {', '.join(wrong)}",
+                "leave those options out (the spec's values are used), or create a pool with another spec",
+            )
+        cfg.model, cfg.env, cfg.group_size, cfg.async_level = spec.model, spec.env, spec.group_size, spec.async_level
+        cfg.sampling = dict(spec.sampling)
+        self.spec = spec
+        self.env = get_env(spec.env)
+
+    def training_checks(self) -> Any:
+        """The checks the trainer runs on every sample before it trains on it (the validator's, from the
+        same spec and thresholds). A pool whose model has no calibrated thresholds cannot train safely."""
+        from node.verify import Calibrated, pool_checks
+
+        assert self.spec is not None and self.tools is not None
+        try:
+            calibrated = Calibrated.load(self.cfg.thresholds or self.spec.model)
+        except ConfigError as exc:
+            raise ConfigError(
+                f"cannot train pool {self.cfg.pool_id}: {exc.message}",
+                "the trainer checks every rollout with the validators' thresholds; pass --thresholds FILE",
+            ) from None
+        return pool_checks(self.spec, self.tools, calibrated)
+
+    # ------------------------------------------------------------------ request handlers
+
+    # ------------------------------------------------------------------ loops
+
+    # ------------------------------------------------------------------ training

@@ -1,0 +1,323 @@
+"""What the coordinator answers workers: invitations (to stakers with a bound node), tasks (throttled to
+what the trainer can use, seeded so nobody prepares answers), node signatures over rollouts, and
+submitted rollout files (checked against the pool's terms before anything is kept). Every refusal is
+one bounded line in the state file. A mixin of `Coordinator`."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import secrets
+import time
+from typing import Any
+
+import trio
+
+from node import ops, protocol
+from node.chain.errors import RpcUnavailable
+from node.chain.signing import RolloutClaim
+from node.rollout.file import RolloutFile, RolloutFormatError
+from node.rollout.intake import completion_hashes
+from node.toploc import proof_commitment
+
+from . import rules
+
+log = logging.getLogger("intellect.coordinator")
+
+
+REJECTION_DETAIL = 300  # characters of a refusal's detail kept (and sent back)
+MAX_REJECTIONS = 10_000  # newest refusals kept in the state file
+REJECTION_LOG_EVERY = 10.0  # seconds between log lines about one sender's refusals
+OUTSIDER_COOLDOWN = 10.0  # seconds between chain reads (and invites) for one sender that is no member
+
+
+log = logging.getLogger("intellect.coordinator")
+
+
+class IntakeMixin:
+    """State set up by `Coordinator.__init__`."""
+
+    cfg: Any
+    store: Any
+
+    async def _on_invite(self, request: bytes, sender: str) -> bytes:
+        """An invite (or the reason there is none). The one request outsiders may make, so its answer is
+        cached per sender for `OUTSIDER_COOLDOWN` seconds: asking again costs no chain read."""
+        now = time.monotonic()
+        cached = self.invite_replies.get(sender)
+        if cached is not None and now - cached[0] < OUTSIDER_COOLDOWN:
+            return cached[1]
+        if len(self.invite_replies) > 10_000:
+            self.invite_replies.clear()
+        reply = await self._invite_reply(sender)
+        self.invite_replies[sender] = (now, reply)
+        return reply
+
+    async def _invite_reply(self, sender: str) -> bytes:
+        assert self.chain is not None
+        c, pool = self.chain, self.cfg.pool_id
+        try:
+            membership = await c.call("PoolManager", "membershipOf", sender)
+            if int(membership["poolId"]) == pool:
+                return protocol.ok(member=True)
+            if int(membership["poolId"]) != 0:
+                return protocol.refuse(
+                    f"node {sender} is in pool {membership['poolId']}", "leave that pool first (`node leave`)"
+                )
+            provider = await c.call("ProviderRegistry", "providerOf", sender)
+            if int(provider, 16) == 0:
+                return protocol.refuse(f"node {sender} is not bound to a provider", "bind it with `node add` first")
+            if await c.call("PoolManager", "isBlacklisted", pool, sender):
+                return protocol.refuse(f"node {sender} is blacklisted in pool {pool}")
+            stake = int(await c.call("ProviderRegistry", "stakeOf", provider))
+            need = int((await c.call("PoolManager", "getPool", pool))["minStake"])
+            if stake < need:
+                return protocol.refuse(
+                    f"provider {provider} stakes {stake} base units, pool {pool} needs {need}", "stake more"
+                )
+            now = await c.timestamp()
+            row = self.store.one("SELECT * FROM invites WHERE node = ?", (sender,))
+            if (
+                row is not None
+                and int(row["expiry"]) > now + 60
+                and not await c.call("PoolManager", "isInviteUsed", pool, int(row["nonce"]))
+            ):
+                inv = {"nonce": int(row["nonce"]), "expiry": int(row["expiry"]), "signature": row["signature"]}
+            else:
+                invite = await ops.make_invite(c, self.key, pool, sender, self.cfg.invite_ttl)
+                self.store.execute(
+                    "INSERT INTO invites(node, nonce, expiry, signature) VALUES(?, ?, ?, ?) "
+                    "ON CONFLICT(node) DO UPDATE SET nonce=excluded.nonce, expiry=excluded.expiry, "
+                    "signature=excluded.signature",
+                    (sender, str(invite.nonce), invite.expiry, invite.signature),
+                )
+                inv = {"nonce": invite.nonce, "expiry": invite.expiry, "signature": invite.signature}
+            log.info("invite for node %s to pool %d", sender, pool)
+            return protocol.ok(member=False, invite=inv)
+        except RpcUnavailable:
+            return protocol.refuse("the coordinator cannot reach its chain node right now", "retry in a minute")
+
+    async def _is_member(self, node: str) -> bool:
+        """From the membership snapshot; a sender not in it (maybe one that joined a second ago) costs
+        at most one chain read per `OUTSIDER_COOLDOWN` seconds, whatever it sends."""
+        assert self.membership is not None and self.chain is not None
+        if node in self.membership.snapshot().members:
+            return True
+        now = time.monotonic()
+        if now - self.outsiders.get(node, -1e9) < OUTSIDER_COOLDOWN:
+            return False
+        if len(self.outsiders) > 10_000:
+            self.outsiders.clear()
+        self.outsiders[node] = now
+        member = bool(await self.chain.call("PoolManager", "isMember", self.cfg.pool_id, node))
+        if member:
+            self.outsiders.pop(node, None)
+        return member
+
+    def may_use_blobs(self, sender: str) -> bool:
+        """Uploads and downloads: members (their own rollouts) and validators (to check them) only."""
+        assert self.membership is not None
+        return self.membership.snapshot().role(sender) is not None
+
+    async def _on_task(self, request: bytes, sender: str) -> bytes:
+        cfg = self.cfg
+        try:
+            if not await self._is_member(sender):
+                return protocol.refuse(f"node {sender} is not a member of pool {cfg.pool_id}", "join the pool first")
+        except RpcUnavailable:
+            return protocol.refuse("the coordinator cannot reach its chain node right now", "retry in a minute")
+        if 0 < cfg.blacklist_after <= self.invalidations(sender):
+            return protocol.refuse(f"node {sender} had {self.invalidations(sender)} record(s) invalidated in this pool")
+        now = time.time()
+        row = self.store.one(
+            "SELECT task_id, body FROM tasks WHERE node = ? AND status = 'issued' AND expires_at > ? "
+            "ORDER BY expires_at DESC",
+            (sender, now + 30),
+        )
+        if row is not None:  # the open task again: asking twice never yields a second seed to pick from
+            open_task = protocol.unpack(bytes.fromhex(row["body"]), "task")
+            if int(open_task.get("policy_version", 0)) >= cfg.policy_version - cfg.async_level:
+                return protocol.ok(task=open_task)
+            # The policy moved on since it was issued (the worker was down): its rollouts could never be
+            # trained on and the versions it allows may be gone, so it is replaced by a fresh one.
+            self.store.execute("UPDATE tasks SET status = 'superseded' WHERE task_id = ?", (row["task_id"],))
+            log.info("task %s of %s superseded: issued at policy version %s", row["task_id"], sender,
+                     open_task.get("policy_version"))  # fmt: skip
+        if cfg.train and self.backlog(now) >= cfg.train_files * (cfg.async_level + 1):
+            # Asynchrony is bounded: no more work is handed out than the trainer can consume before the
+            # policy moves `async_level` versions on; workers wait instead of generating stale rollouts.
+            return protocol.ok(retry_after=2.0, reason="waiting for the trainer")
+        task = protocol.Task(
+            task_id="t-" + secrets.token_hex(8),
+            pool_id=cfg.pool_id,
+            node=sender,
+            env=cfg.env,
+            seed=self._task_seed(),
+            prompts=cfg.prompts,
+            group_size=cfg.group_size,
+            sampling=dict(cfg.sampling),
+            policy_version=cfg.policy_version,
+            model=cfg.model,
+            issued_at=now,
+            expires_at=now + cfg.task_ttl,
+            min_policy_version=max(0, cfg.policy_version - cfg.async_level),
+        )
+        body = protocol.pack(task.to_wire())
+        self.store.execute(
+            "INSERT INTO tasks(task_id, node, body, expires_at) VALUES(?, ?, ?, ?)",
+            (task.task_id, sender, body.hex(), task.expires_at),
+        )
+        self._count("tasks_issued")
+        return protocol.ok(task=task.to_wire())
+
+    def _task_seed(self) -> int:
+        """The seed the next task's problems are drawn from. Unpredictable by default, so a worker cannot
+        prepare answers ahead; with `seed` set, the n-th task issued gets sha256(seed, n), the same
+        sequence of problems on every run (and across restarts: n is counted in the state file)."""
+        if self.cfg.seed is None:
+            return secrets.randbits(62)
+        return rules.seeded_task_seed(self.cfg.seed, int(self.store.scalar("SELECT COUNT(*) FROM tasks") or 0))
+
+    def backlog(self, now: float) -> int:
+        """Rollouts the trainer has not consumed yet: accepted-untrained plus tasks still open."""
+        untrained = self.store.scalar(
+            "SELECT COUNT(*) FROM rollouts WHERE trained = 0 AND status IN ('accepted', 'recorded')"
+        )
+        open_tasks = self.store.scalar("SELECT COUNT(*) FROM tasks WHERE status = 'issued' AND expires_at > ?", (now,))
+        return int(untrained or 0) + int(open_tasks or 0)
+
+    def _reject(self, sender: str, reason: str, detail: str) -> bytes:
+        """Count a refused submission and keep a bounded record of it: the sender's text is cut to
+        `REJECTION_DETAIL` characters, the table to the newest `MAX_REJECTIONS` rows, and one sender gets
+        a log line at most every `REJECTION_LOG_EVERY` seconds (a member that spams refusals costs us
+        neither disk nor log)."""
+        self.rejected[reason] += 1
+        self._count("rollouts_rejected", reason=reason)
+        detail = detail[:REJECTION_DETAIL]
+        self.store.execute_many(
+            [
+                ("INSERT INTO rejections(at, node, reason, detail) VALUES(?, ?, ?, ?)",
+                 (time.time(), sender, reason, detail)),
+                ("DELETE FROM rejections WHERE rowid <= (SELECT MAX(rowid) FROM rejections) - ?", (MAX_REJECTIONS,)),
+            ]
+        )  # fmt: skip
+        now = time.monotonic()
+        if now - self._rejection_logged.get(sender, -1e9) >= REJECTION_LOG_EVERY:
+            self._rejection_logged[sender] = now
+            if len(self._rejection_logged) > 10_000:
+                self._rejection_logged.pop(next(iter(self._rejection_logged)))
+            log.info("rejected a rollout from %s: %s (%s)", sender, reason, detail)
+        return protocol.refuse(f"rollout rejected: {reason}: {detail}")
+
+    def claim(self, key: str) -> RolloutClaim:
+        assert self.chain is not None
+        return ops.rollout_claim(self.chain, self.cfg.pool_id, key)
+
+    async def _on_signature(self, request: bytes, sender: str) -> bytes:
+        """The node's signature of an accepted file, for validators (and members) only."""
+        assert self.membership is not None
+        if self.membership.snapshot().role(sender) is None:
+            return protocol.refuse("signatures are served to the pool's validators and members")
+        key = protocol.unpack(request, "signature request").get("work_key")
+        row = (
+            self.store.one("SELECT signature FROM rollouts WHERE work_key = ?", (key,))
+            if isinstance(key, str)
+            else None
+        )
+        if row is None or not row["signature"]:
+            return protocol.refuse(f"no signed rollout {key!r} here")
+        return protocol.ok(signature=row["signature"])
+
+    def _prior(self, f: RolloutFile) -> tuple[dict[Any, int], dict[Any, int]]:
+        """Draws of each of the file's prompts and copies of each of its completions in accepted files."""
+        draws: dict[Any, int] = {}
+        copies: dict[Any, int] = {}
+        for s in f.samples:
+            p, c = completion_hashes(s)
+            pk, ck = tuple(s.prompt_tokens), (tuple(s.prompt_tokens), tuple(s.completion_tokens))
+            if pk not in draws:
+                draws[pk] = int(self.store.scalar("SELECT COUNT(*) FROM completions WHERE prompt = ?", (p,)) or 0)
+            if ck not in copies:
+                copies[ck] = int(self.store.scalar("SELECT COUNT(*) FROM completions WHERE completion = ?", (c,)) or 0)
+        return draws, copies
+
+    async def _on_submit(self, request: bytes, sender: str) -> bytes:
+        assert self.tools is not None and self.membership is not None
+        try:
+            if not await self._is_member(sender):
+                return protocol.refuse(f"node {sender} is not a member of pool {self.cfg.pool_id}")
+        except RpcUnavailable:
+            return protocol.refuse("the coordinator cannot reach its chain node right now", "retry in a minute")
+        req = protocol.unpack(request, "submission")
+        key, task_id, signature = req.get("work_key"), req.get("task_id"), req.get("signature")
+        if not isinstance(key, str) or not isinstance(task_id, str) or not re.fullmatch(r"0x[0-9a-f]{64}", key):
+            return protocol.refuse("malformed submission: work_key (0x + 64 lowercase hex) and task_id are required")
+        done = self.store.one("SELECT status FROM rollouts WHERE work_key = ?", (key,))
+        if done is not None:
+            return protocol.ok(status="duplicate", work_key=key)
+        trow = self.store.one("SELECT * FROM tasks WHERE task_id = ?", (task_id,))
+        if trow is None or trow["node"] != sender:
+            return self._reject(sender, "unknown-task", f"task {task_id} was not issued to {sender}")
+        if trow["status"] == "superseded":
+            return self._reject(sender, "task-superseded", f"task {task_id} was replaced after the policy moved on")
+        if trow["status"] != "issued":
+            return self._reject(sender, "task-done", f"task {task_id} already has rollout {trow['work_key']}")
+        if not self.claim(key).signed_by(signature, sender):
+            # Without it, a validator could never show the file is the node's: the node could deny it, or
+            # we could be accused of recording work it never made.
+            return self._reject(sender, "unsigned", "the submission carries no valid signature of the node's key")
+        data = self.blobs.get(key)
+        if data is None:
+            return protocol.refuse(f"rollout {key} has not been uploaded", "upload it before submitting")
+        try:  # in a thread (a hostile file costs its decode budget in CPU), a few at a time (and in memory)
+            f = await trio.to_thread.run_sync(
+                functools.partial(RolloutFile.from_bytes, data, max_bytes=self.cfg.max_rollout_bytes),
+                limiter=self._parse_limiter,
+            )
+        except RolloutFormatError as exc:
+            self.blobs.delete(key)
+            return self._reject(sender, "malformed", str(exc))
+        task = protocol.Task.from_wire(protocol.unpack(bytes.fromhex(trow["body"]), "task"))
+        tools = self.tools
+        draws, copies = self._prior(f)
+        decision = await trio.to_thread.run_sync(
+            lambda: protocol.check_submission(
+                f,
+                task,
+                sender=sender,
+                now=time.time(),
+                current_policy=self.cfg.policy_version,
+                async_level=self.cfg.async_level,
+                env=self.env,
+                encode_prompt=tools.encode,
+                decode=tools.decode,
+                vocab_size=tools.vocab_size,
+                prior_draws=draws,
+                prior_copies=copies,
+            )
+        )
+        if not decision.accepted:
+            self.blobs.delete(key)
+            return self._reject(sender, decision.reason, decision.detail)
+        commitment = "0x" + proof_commitment([p for s in f.samples for p in s.proofs]).hex()
+        mean_reward = sum(s.reward for s in f.samples) / len(f.samples)
+        self.store.execute_many(
+            [
+                (
+                    "INSERT INTO rollouts(work_key, task_id, node, units, policy_version, proof_commitment, "
+                    "mean_reward, accepted_at, signature) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (key, task_id, sender, f.units, f.header.policy_version, commitment, mean_reward, time.time(),
+                     signature),
+                ),
+                ("UPDATE tasks SET status = 'submitted', work_key = ? WHERE task_id = ?", (key, task_id)),
+            ]
+            + [
+                ("INSERT INTO completions(prompt, completion, work_key) VALUES(?, ?, ?)", (*completion_hashes(s), key))
+                for s in f.samples
+            ]
+        )  # fmt: skip
+        self._count("rollouts_accepted")
+        self._count("tokens_generated", f.units)
+        log.info("accepted rollout %s from %s: %d units, mean reward %.3f", key[:12], sender, f.units, mean_reward)
+        return protocol.ok(status="accepted", work_key=key, units=f.units)
