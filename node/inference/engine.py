@@ -1,4 +1,5 @@
-"""Inference engines: vLLM for the worker's rollouts, plain transformers for the validator's prefill.
+"""Inference engines: vLLM for the worker's rollouts (`VllmEngine`, here) and the validator's prefill
+(`VllmPrefill` here, `HfPrefill` in `hf`); the data they exchange is in `types`.
 
 TOPLOC proofs are built from the final hidden states (after the last RMSNorm) of the positions that
 *produced* each generated token, and a validator recomputes those states with one prefill pass over
@@ -23,13 +24,11 @@ must apply the temperature themselves).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -38,62 +37,21 @@ from node.inference.models import default_cache_dir
 if TYPE_CHECKING:
     from vllm import LLM
 
-DType = Literal["float32", "bfloat16"]
-_TORCH_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-_CAPTURE_ATTR = "_intellect_capture"
 
+from .capture import _assemble_hidden, _eager_token_ranks, _install_capture, _pop_captured
+from .hf import HfPrefill
+from .types import _TORCH_DTYPES, Completion, DType, Prefill, SamplingSpec, completion_seed
 
-@dataclass(frozen=True)
-class SamplingSpec:
-    """How to sample. temperature 0 is greedy; top_k -1 disables top-k; seed makes a run repeatable."""
-
-    temperature: float
-    top_p: float
-    max_tokens: int
-    seed: int
-    top_k: int = -1
-    stop_token_ids: tuple[int, ...] | None = None
-
-
-@dataclass
-class Completion:
-    """One generated completion and what TOPLOC and the RL trainer need from it.
-
-    `logprobs[j]`: log-softmax of the raw logits (temperature 1, no top-p) for `tokens[j]`.
-    `hidden[j]`: float32 copy of the final-norm hidden state at position len(prompt_tokens)-1+j.
-    `finish_reason`: "stop" (EOS or a stop token; the stop token is the last entry of `tokens`) or
-    "length" (max_tokens reached).
-    """
-
-    prompt_tokens: list[int]
-    tokens: list[int]
-    logprobs: list[float]
-    finish_reason: str
-    hidden: torch.Tensor
-
-
-@dataclass
-class Prefill:
-    """A validator's recomputation for one (prompt, completion) pair: rows match `Completion.hidden`."""
-
-    hidden: torch.Tensor  # [T, H] float32
-    logprobs: torch.Tensor  # [T, V] float32, log-softmax of raw logits
-
-    def token_logprobs(self, tokens: Sequence[int]) -> torch.Tensor:
-        """The logprob of each given token at its row: [T]."""
-        idx = torch.as_tensor(list(tokens), dtype=torch.long).unsqueeze(1)
-        return self.logprobs.gather(1, idx).squeeze(1)
-
-
-def completion_seed(seed: int, prompt_index: int, sample_index: int) -> int:
-    """The per-completion vLLM seed for sample `sample_index` of prompt `prompt_index` in one call.
-
-    Every completion is its own vLLM request with its own seeded generator, so the tokens of a completion
-    depend only on (seed, prompt index, sample index), the weights and the prompt, not on which other
-    requests share its batch. Hash-derived so different prompts/samples get unrelated streams.
-    """
-    digest = hashlib.sha256(f"intellect-node:{seed}:{prompt_index}:{sample_index}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1  # non-negative int63
+__all__ = [
+    "Completion",
+    "DType",
+    "HfPrefill",
+    "Prefill",
+    "SamplingSpec",
+    "VllmEngine",
+    "VllmPrefill",
+    "completion_seed",
+]
 
 
 def _tokens_input(tokens: list[int]) -> Any:
@@ -135,105 +93,6 @@ def _configure_vllm_env(gpu: bool) -> None:
 
 
 # --- functions run inside the vLLM worker via collective_rpc (module level: picklable by reference) ---
-
-
-def _install_capture(worker: Any) -> bool:
-    """Wrap the worker's model runner so every forward step records final hidden states per request.
-
-    Records, per internal request id, the positions >= num_prompt_tokens-1 (the only rows a proof needs)
-    and their states as float32 CPU tensors. Idempotent.
-    """
-    runner = worker.model_runner
-    if getattr(runner, _CAPTURE_ATTR, None) is not None:
-        return True
-    for attr in ("_model_forward", "input_batch", "query_start_loc", "requests"):
-        if not hasattr(runner, attr):
-            raise RuntimeError(
-                f"vLLM model runner {type(runner).__name__} lacks {attr!r}: hidden-state capture needs the "
-                "V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)"
-            )
-    records: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-    original = runner._model_forward
-
-    def forward_and_record(*args: Any, **kwargs: Any) -> Any:
-        out = original(*args, **kwargs)
-        hidden = out[0] if isinstance(out, tuple) else out
-        positions = kwargs.get("positions")
-        if positions is None and len(args) > 1:
-            positions = args[1]
-        if not isinstance(hidden, torch.Tensor) or not isinstance(positions, torch.Tensor) or positions.dim() != 1:
-            return out  # pipeline-parallel intermediate ranks, M-RoPE models: not supported, record nothing
-        batch = runner.input_batch
-        num_reqs = batch.num_reqs
-        if num_reqs == 0:
-            return out
-        req_ids = batch.req_ids[:num_reqs]
-        qsl = runner.query_start_loc.cpu[: num_reqs + 1].tolist()
-        pos_cpu = positions[: qsl[-1]].to("cpu", non_blocking=False)
-        for i, rid in enumerate(req_ids):
-            state = runner.requests.get(rid)
-            if state is None or state.sampling_params is None:
-                continue
-            lo, hi = qsl[i], qsl[i + 1]
-            if hi <= lo:
-                continue
-            pos = pos_cpu[lo:hi]
-            keep = pos >= state.num_prompt_tokens - 1
-            if not bool(keep.any()):
-                continue
-            rows = torch.nonzero(keep).squeeze(1) + lo
-            states = hidden.index_select(0, rows.to(hidden.device)).to("cpu", torch.float32)
-            records.setdefault(rid, []).append((pos[keep].clone(), states))
-        return out
-
-    runner._model_forward = forward_and_record
-    setattr(runner, _CAPTURE_ATTR, records)
-    return True
-
-
-def _eager_token_ranks(worker: Any) -> bool:
-    """Replace vLLM's torch.compile'd token-rank counter with its eager equivalent (CPU only).
-
-    vLLM computes the rank of every sampled token whenever logprobs are requested, with a function
-    compiled by inductor on first use: 3 s with a warm inductor cache and ~20 s cold on 2 cores, in the
-    first `generate`. We never use the ranks, and eagerly the count is one comparison and a sum.
-    """
-    import vllm.v1.sample.sampler as sampler
-
-    def count_greater_equal(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        return (x >= values).sum(-1)
-
-    sampler.batched_count_greater_than = count_greater_equal  # type: ignore[attr-defined]
-    return True
-
-
-def _pop_captured(worker: Any) -> dict[str, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """Hand over and forget everything recorded so far (keyed by internal request id)."""
-    records: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = getattr(worker.model_runner, _CAPTURE_ATTR)
-    out = dict(records)
-    records.clear()
-    return out
-
-
-def _assemble_hidden(
-    pieces: list[tuple[torch.Tensor, torch.Tensor]], first_pos: int, length: int, hidden_size: int
-) -> torch.Tensor:
-    """Place recorded (positions, states) rows into [length, H] for positions first_pos..first_pos+length-1.
-
-    Later pieces overwrite earlier ones, so a request that vLLM preempted and recomputed keeps the
-    states of its final computation.
-    """
-    out = torch.empty(length, hidden_size, dtype=torch.float32)
-    filled = torch.zeros(length, dtype=torch.bool)
-    for pos, states in pieces:
-        idx = pos.to(torch.long) - first_pos
-        ok = (idx >= 0) & (idx < length)
-        out[idx[ok]] = states[ok]
-        filled[idx[ok]] = True
-    if not bool(filled.all()):
-        missing = (~filled).nonzero().squeeze(1).tolist()[:8]
-        raise RuntimeError(f"hidden states missing for completion rows {missing} (of {length})")
-    return out
 
 
 def _shutdown_llm(llm: LLM, gpu: bool) -> None:
@@ -480,86 +339,6 @@ class VllmEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class HfPrefill:
-    """The validator's recomputation with plain transformers: one forward over prompt + completion.
-
-    Returns the final-norm hidden states and the raw-logit log-softmax at the positions that produced
-    each completion token (P-1 .. P+T-2), the same rows `VllmEngine` captured while generating.
-    """
-
-    def __init__(self, model_dir: str | Path, *, dtype: DType = "float32", device: str = "cpu") -> None:
-        from transformers import AutoModelForCausalLM
-
-        if dtype not in _TORCH_DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_TORCH_DTYPES)}, got {dtype!r}")
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        self.device = torch.device(device)
-        self.dtype = _TORCH_DTYPES[dtype]
-        # sdpa: exact masking of right padding, and the same math for batch sizes 1 and N.
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=self.dtype, attn_implementation="sdpa")
-        self.model: Any = torch.nn.Module.to(model, self.device)
-        self.model.eval()
-        self.hidden_size = int(self.model.config.hidden_size)
-        self.vocab_size = int(self.model.config.vocab_size)
-
-    @torch.inference_mode()
-    def prefill(self, prompt_tokens: Sequence[int], completion_tokens: Sequence[int]) -> Prefill:
-        """Recompute one completion: `hidden` [T, H] and `logprobs` [T, V], both float32."""
-        return self.prefill_many([(prompt_tokens, completion_tokens)])[0]
-
-    @torch.inference_mode()
-    def prefill_many(
-        self, pairs: Iterable[tuple[Sequence[int], Sequence[int]]], *, batch_size: int = 8
-    ) -> list[Prefill]:
-        """Batched `prefill`: right padding with an attention mask, so every real token keeps positions
-        0..L-1 and (causal attention) never sees a pad; results equal single prefills to float rounding."""
-        items = [(list(p), list(c)) for p, c in pairs]
-        for p, c in items:
-            if not p or not c:
-                raise ValueError("prefill needs a non-empty prompt and completion")
-            if min(min(p), min(c)) < 0 or max(max(p), max(c)) >= self.vocab_size:
-                raise ValueError(f"token ids outside the vocabulary [0, {self.vocab_size})")
-        results: list[Prefill] = []
-        pad_id = 0
-        for start in range(0, len(items), batch_size):
-            chunk = items[start : start + batch_size]
-            # the last completion token is never fed: its state did not produce any token
-            seqs = [p + c[:-1] for p, c in chunk]
-            width = max(len(s) for s in seqs)
-            ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-            mask = torch.zeros((len(seqs), width), dtype=torch.long)
-            for b, s in enumerate(seqs):
-                ids[b, : len(s)] = torch.as_tensor(s)
-                mask[b, : len(s)] = 1
-            hidden = self.model.model(
-                input_ids=ids.to(self.device), attention_mask=mask.to(self.device)
-            ).last_hidden_state
-            for b, (p, c) in enumerate(chunk):
-                rows = hidden[b, len(p) - 1 : len(p) - 1 + len(c)]
-                logits = self.model.lm_head(rows)
-                results.append(
-                    Prefill(
-                        hidden=rows.to("cpu", torch.float32).clone(),
-                        logprobs=torch.log_softmax(logits.to(torch.float32), dim=-1).cpu(),
-                    )
-                )
-        return results
-
-    @torch.inference_mode()
-    def greedy(self, prompt_tokens: Sequence[int], max_tokens: int, eos_token_id: int | None = None) -> list[int]:
-        """Greedy decoding with transformers (for cross-checking an engine); stops after EOS."""
-        ids = torch.as_tensor([list(prompt_tokens)], device=self.device)
-        out = self.model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_tokens,
-            do_sample=False,
-            eos_token_id=eos_token_id,
-            pad_token_id=eos_token_id if eos_token_id is not None else 0,
-        )
-        return out[0, ids.shape[1] :].tolist()
 
 
 class VllmPrefill:

@@ -1,0 +1,98 @@
+"""The validator's recomputation with plain transformers (`HfPrefill`): one forward over prompt and
+completion gives the final-norm hidden states and raw-logit log-softmax of the positions that produced
+each completion token, the rows `VllmEngine` captured while generating."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    pass
+
+
+from .types import _TORCH_DTYPES, DType, Prefill
+
+
+class HfPrefill:
+    """The validator's recomputation with plain transformers: one forward over prompt + completion.
+
+    Returns the final-norm hidden states and the raw-logit log-softmax at the positions that produced
+    each completion token (P-1 .. P+T-2), the same rows `VllmEngine` captured while generating.
+    """
+
+    def __init__(self, model_dir: str | Path, *, dtype: DType = "float32", device: str = "cpu") -> None:
+        from transformers import AutoModelForCausalLM
+
+        if dtype not in _TORCH_DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_TORCH_DTYPES)}, got {dtype!r}")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        self.device = torch.device(device)
+        self.dtype = _TORCH_DTYPES[dtype]
+        # sdpa: exact masking of right padding, and the same math for batch sizes 1 and N.
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=self.dtype, attn_implementation="sdpa")
+        self.model: Any = torch.nn.Module.to(model, self.device)
+        self.model.eval()
+        self.hidden_size = int(self.model.config.hidden_size)
+        self.vocab_size = int(self.model.config.vocab_size)
+
+    @torch.inference_mode()
+    def prefill(self, prompt_tokens: Sequence[int], completion_tokens: Sequence[int]) -> Prefill:
+        """Recompute one completion: `hidden` [T, H] and `logprobs` [T, V], both float32."""
+        return self.prefill_many([(prompt_tokens, completion_tokens)])[0]
+
+    @torch.inference_mode()
+    def prefill_many(
+        self, pairs: Iterable[tuple[Sequence[int], Sequence[int]]], *, batch_size: int = 8
+    ) -> list[Prefill]:
+        """Batched `prefill`: right padding with an attention mask, so every real token keeps positions
+        0..L-1 and (causal attention) never sees a pad; results equal single prefills to float rounding."""
+        items = [(list(p), list(c)) for p, c in pairs]
+        for p, c in items:
+            if not p or not c:
+                raise ValueError("prefill needs a non-empty prompt and completion")
+            if min(min(p), min(c)) < 0 or max(max(p), max(c)) >= self.vocab_size:
+                raise ValueError(f"token ids outside the vocabulary [0, {self.vocab_size})")
+        results: list[Prefill] = []
+        pad_id = 0
+        for start in range(0, len(items), batch_size):
+            chunk = items[start : start + batch_size]
+            # the last completion token is never fed: its state did not produce any token
+            seqs = [p + c[:-1] for p, c in chunk]
+            width = max(len(s) for s in seqs)
+            ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+            mask = torch.zeros((len(seqs), width), dtype=torch.long)
+            for b, s in enumerate(seqs):
+                ids[b, : len(s)] = torch.as_tensor(s)
+                mask[b, : len(s)] = 1
+            hidden = self.model.model(
+                input_ids=ids.to(self.device), attention_mask=mask.to(self.device)
+            ).last_hidden_state
+            for b, (p, c) in enumerate(chunk):
+                rows = hidden[b, len(p) - 1 : len(p) - 1 + len(c)]
+                logits = self.model.lm_head(rows)
+                results.append(
+                    Prefill(
+                        hidden=rows.to("cpu", torch.float32).clone(),
+                        logprobs=torch.log_softmax(logits.to(torch.float32), dim=-1).cpu(),
+                    )
+                )
+        return results
+
+    @torch.inference_mode()
+    def greedy(self, prompt_tokens: Sequence[int], max_tokens: int, eos_token_id: int | None = None) -> list[int]:
+        """Greedy decoding with transformers (for cross-checking an engine); stops after EOS."""
+        ids = torch.as_tensor([list(prompt_tokens)], device=self.device)
+        out = self.model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            eos_token_id=eos_token_id,
+            pad_token_id=eos_token_id if eos_token_id is not None else 0,
+        )
+        return out[0, ids.shape[1] :].tolist()
