@@ -42,17 +42,6 @@ from .capture import _assemble_hidden, _eager_token_ranks, _install_capture, _po
 from .hf import HfPrefill
 from .types import _TORCH_DTYPES, Completion, DType, Prefill, SamplingSpec, completion_seed
 
-__all__ = [
-    "Completion",
-    "DType",
-    "HfPrefill",
-    "Prefill",
-    "SamplingSpec",
-    "VllmEngine",
-    "VllmPrefill",
-    "completion_seed",
-]
-
 
 def _tokens_input(tokens: list[int]) -> Any:
     """A token-id prompt in vLLM's engine-input form (the raw {"prompt_token_ids"} dict is deprecated)."""

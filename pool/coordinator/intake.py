@@ -32,9 +32,6 @@ REJECTION_LOG_EVERY = 10.0  # seconds between log lines about one sender's refus
 OUTSIDER_COOLDOWN = 10.0  # seconds between chain reads (and invites) for one sender that is no member
 
 
-log = logging.getLogger("intellect.coordinator")
-
-
 class IntakeMixin:
     """State set up by `Coordinator.__init__`."""
 

@@ -22,9 +22,6 @@ from node.p2p.rules import ROLE_VALIDATOR
 log = logging.getLogger("intellect.coordinator")
 
 
-log = logging.getLogger("intellect.coordinator")
-
-
 class LedgerMixin:
     """State set up by `Coordinator.__init__`."""
 

@@ -19,9 +19,6 @@ from node.weights.client import make_http_client, probe_relay
 log = logging.getLogger("intellect.coordinator")
 
 
-log = logging.getLogger("intellect.coordinator")
-
-
 class NetworkMixin:
     """State set up by `Coordinator.__init__`."""
 

@@ -22,9 +22,6 @@ from . import rules
 log = logging.getLogger("intellect.coordinator")
 
 
-log = logging.getLogger("intellect.coordinator")
-
-
 class TrainingMixin:
     """State set up by `Coordinator.__init__`."""
 

@@ -132,41 +132,17 @@ def test_a_missing_thresholds_file_is_a_config_error_before_anything_starts(
     daemon: str, tmp_path: Path, capsys
 ) -> None:
     """`validate --thresholds nope` printed a traceback once; it now fails at once, before the chain."""
-    code = entry(
-        [
-            daemon,
-            "--pool",
-            "1",
-            "--thresholds",
-            "nope",
-            "--data-dir",
-            str(tmp_path / "d"),
-            "--rpc-url",
-            "http://127.0.0.1:9",
-            "--rpc-wait",
-            "0",
-        ]
-    )
-    line = _one_line(code, capsys.readouterr().err)
+
+    def start(thresholds: str) -> str:
+        flags = ["--pool", "1", "--thresholds", thresholds, "--data-dir", str(tmp_path / "d")]
+        code = entry([daemon, *flags, "--rpc-url", "http://127.0.0.1:9", "--rpc-wait", "0"])
+        return _one_line(code, capsys.readouterr().err)
+
+    line = start("nope")
     assert "no thresholds file 'nope'" in line and "toploc calibrate" in line
     bad = tmp_path / "t.json"
     bad.write_text('{"model": "tiny"}')
-    code = entry(
-        [
-            daemon,
-            "--pool",
-            "1",
-            "--thresholds",
-            str(bad),
-            "--data-dir",
-            str(tmp_path / "d"),
-            "--rpc-url",
-            "http://127.0.0.1:9",
-            "--rpc-wait",
-            "0",
-        ]
-    )
-    assert f"thresholds file {bad} is malformed" in _one_line(code, capsys.readouterr().err)
+    assert f"thresholds file {bad} is malformed" in start(str(bad))
     with pytest.raises(ConfigError):
         from node.verify import Calibrated
 
