@@ -23,6 +23,7 @@ from .p2p.discovery import parse_bootstrap
 from .p2p.host import P2PError, eth_address_from_peer_id
 from .p2p.membership import ChainMembership
 from .p2p.network import PoolNetwork
+from .store import Store
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ async def new_ledger_events(
         lambda: c.events(["WorkLedger"], from_block=cursor + 1, to_block=to, topics=[None, topic(pool_id)]),
         f"{name} events",
     )
-    move = ("INSERT INTO kv(k, v) VALUES(?, ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v", (cursor_key, str(to)))
+    move = Store.put_statement(cursor_key, str(to))
     names = (name,) if isinstance(name, str) else name
     return [ev for ev in events if ev.name in names], [move]
 
@@ -208,13 +209,7 @@ def new_evidence(store: Any, sender: str, body: bytes) -> tuple[str, str, bytes,
     key, digest, doc = got
     if doc is None:  # a verdict without its document (the coordinator's trainer's hint): nothing to keep
         return None
-    if store.one("SELECT 1 FROM rollouts WHERE work_key = ?", (key,)) is None:
-        return None
-    if store.one("SELECT 1 FROM evidence WHERE hash = ?", (digest,)) is not None:
-        return None
-    if store.one("SELECT 1 FROM evidence WHERE work_key = ? AND sender = ?", (key, sender.lower())) is not None:
-        return None
-    if int(store.scalar("SELECT COUNT(*) FROM evidence WHERE work_key = ?", (key,)) or 0) >= MAX_EVIDENCE_PER_KEY:
+    if not store.evidence_wanted(key, digest, sender, MAX_EVIDENCE_PER_KEY):
         return None
     try:
         claims = parse_evidence(doc, expected_hash=digest, work_key=key)

@@ -152,7 +152,24 @@ class Store:
         return default if v is None else str(v)
 
     def put(self, key: str, value: str) -> None:
-        self.execute("INSERT INTO kv(k, v) VALUES(?, ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v", (key, value))
+        self.execute(*self.put_statement(key, value))
+
+    @staticmethod
+    def put_statement(key: str, value: str) -> tuple[str, tuple[Any, ...]]:
+        """`put` as a statement, for `execute_many` (a cursor moved in the same transaction as its rows)."""
+        return ("INSERT INTO kv(k, v) VALUES(?, ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v", (key, value))
+
+    def evidence_wanted(self, key: str, digest: str, sender: str, per_key: int) -> bool:
+        """For a daemon with `rollouts` and `evidence` tables (worker, coordinator): whether an evidence
+        document `digest` about rollout `key` from `sender` is worth keeping: the rollout is ours, the
+        document is not held, it is the sender's first on that rollout and the rollout has fewer than
+        `per_key` documents."""
+        return (
+            self.one("SELECT 1 FROM rollouts WHERE work_key = ?", (key,)) is not None
+            and self.one("SELECT 1 FROM evidence WHERE hash = ?", (digest,)) is None
+            and self.one("SELECT 1 FROM evidence WHERE work_key = ? AND sender = ?", (key, sender.lower())) is None
+            and int(self.scalar("SELECT COUNT(*) FROM evidence WHERE work_key = ?", (key,)) or 0) < per_key
+        )
 
     @property
     def journal(self) -> SqliteTxJournal:

@@ -13,7 +13,6 @@ recorded, so a restart neither loses an accepted rollout nor records one twice.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 from collections import Counter
@@ -39,7 +38,7 @@ from node.p2p.host import COORDINATOR_MAX_CONNECTIONS
 from node.p2p.membership import ChainMembership
 from node.p2p.network import PoolNetwork
 from node.policy import RelayBook
-from node.store import Store, settle_journal
+from node.store import settle_journal
 from node.tasks.math import get_env
 from node.taskspec import TaskSpec, TaskSpecError, pool_spec
 from node.weights.serve import serve_weights
@@ -48,69 +47,10 @@ from node.weights.store import WeightStore
 from .intake import IntakeMixin
 from .ledger import LedgerMixin
 from .network import NetworkMixin
+from .state import CoordinatorState
 from .training import TrainingMixin
 
 log = logging.getLogger("intellect.coordinator")
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS tasks (
-    task_id TEXT PRIMARY KEY,
-    node TEXT NOT NULL,
-    body TEXT NOT NULL,
-    status TEXT NOT NULL DEFAULT 'issued',     -- issued | submitted | superseded
-    work_key TEXT,
-    expires_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS tasks_node ON tasks(node, status);
-CREATE TABLE IF NOT EXISTS rollouts (
-    work_key TEXT PRIMARY KEY,
-    task_id TEXT NOT NULL,
-    node TEXT NOT NULL,
-    units INTEGER NOT NULL,
-    policy_version INTEGER NOT NULL,
-    proof_commitment TEXT NOT NULL,
-    mean_reward REAL NOT NULL,
-    accepted_at REAL NOT NULL,
-    status TEXT NOT NULL DEFAULT 'accepted',   -- accepted | recorded | dropped
-    tx TEXT,
-    note TEXT,
-    trained INTEGER NOT NULL DEFAULT 0,        -- 0 not yet | 1 trained on | -1 never (stale, unreadable) | -2 failed the trainer's checks
-    signature TEXT                             -- the node's RolloutClaim signature of the work key
-);
-CREATE TABLE IF NOT EXISTS completions (       -- every accepted completion, to judge copies across files
-    prompt TEXT NOT NULL,                      -- sha256 of the prompt token ids
-    completion TEXT NOT NULL,                  -- sha256 of prompt and completion token ids
-    work_key TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS completions_prompt ON completions(prompt);
-CREATE INDEX IF NOT EXISTS completions_completion ON completions(completion);
-CREATE INDEX IF NOT EXISTS rollouts_status ON rollouts(status);
-CREATE TABLE IF NOT EXISTS rejections (
-    at REAL NOT NULL, node TEXT NOT NULL, reason TEXT NOT NULL, detail TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS steps (
-    version INTEGER PRIMARY KEY,               -- the version this step produced
-    mean_reward REAL NOT NULL,
-    files INTEGER NOT NULL,
-    samples INTEGER NOT NULL,
-    stale INTEGER NOT NULL,
-    versions TEXT NOT NULL,                    -- policy versions of the rollouts trained on
-    seconds REAL NOT NULL,
-    manifest_hash TEXT NOT NULL,
-    at REAL NOT NULL,
-    verified INTEGER NOT NULL DEFAULT 0        -- of the samples, those the trainer's checks passed
-);
-CREATE TABLE IF NOT EXISTS invalidated (       -- WorkInvalidated events of this pool, with the node we accepted it from
-    work_key TEXT PRIMARY KEY, node TEXT, block INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS invites (
-    node TEXT PRIMARY KEY, nonce TEXT NOT NULL, expiry INTEGER NOT NULL, signature TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS evidence (          -- the pool's validators' evidence documents we keep and serve
-    hash TEXT PRIMARY KEY, work_key TEXT NOT NULL, sender TEXT NOT NULL, at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS evidence_work_key ON evidence(work_key);
-"""
 
 
 @dataclass
@@ -158,9 +98,8 @@ class Coordinator(IntakeMixin, LedgerMixin, NetworkMixin, TrainingMixin):
         self.metrics = metrics
         self._parse_limiter = trio.CapacityLimiter(4)  # rollout files parsed at once on submission
         self._member_hosts: tuple[float, set[str]] = (-1e9, set())
-        self.store = Store(cfg.data_dir / "coordinator.db", SCHEMA)
-        self.store.add_column("rollouts", "signature", "TEXT")
-        self.store.add_column("steps", "verified", "INTEGER NOT NULL DEFAULT 0")
+        self.state = CoordinatorState(cfg.data_dir / "coordinator.db")
+        self.store = self.state.store
         self.blobs = BlobStore(cfg.data_dir / "blobs", cfg.max_rollout_bytes)
         # evidence documents by hash: the trainer's own verdicts and those the pool's validators publish
         self.evidence = BlobStore(cfg.data_dir / "evidence", MAX_SERVED_EVIDENCE_BYTES, suffix=".json")
@@ -190,13 +129,7 @@ class Coordinator(IntakeMixin, LedgerMixin, NetworkMixin, TrainingMixin):
     # ------------------------------------------------------------------ status
 
     def status(self) -> dict[str, Any]:
-        counts = self.store.counts("rollouts")
-        per_node: dict[str, dict[str, int]] = {}
-        for r in self.store.query("SELECT node, status, COUNT(*), SUM(units) FROM rollouts GROUP BY node, status"):
-            d = per_node.setdefault(r[0], {})
-            d[r[1]] = int(r[2])
-            d[f"{r[1]}_units"] = int(r[3] or 0)
-        rewards = self.store.query("SELECT AVG(mean_reward) FROM rollouts WHERE status IN ('accepted','recorded')")
+        figures = self.state.figures()
         return {
             "role": "coordinator",
             "pool": self.cfg.pool_id,
@@ -205,46 +138,16 @@ class Coordinator(IntakeMixin, LedgerMixin, NetworkMixin, TrainingMixin):
             "listen": self.net.listen_addrs if self.net else [],
             "peers": len(self.net.node.peers) if self.net else 0,
             "members": sorted(self.membership.snapshot().members) if self.membership and self.membership.loaded else [],
-            "tasks_issued": int(self.store.scalar("SELECT COUNT(*) FROM tasks") or 0),
-            "rollouts": counts,
-            "per_node": per_node,
+            **figures,
             "rejected": dict(self.rejected),
-            "mean_reward": rewards[0][0] if rewards and rewards[0][0] is not None else None,
             "policy_version": self.cfg.policy_version,
             "training": self.cfg.train,
-            "reward_curve": [
-                round(float(r[0]), 4) for r in self.store.query("SELECT mean_reward FROM steps ORDER BY version")
-            ],
-            "trained_versions": [
-                json.loads(r[0]) for r in self.store.query("SELECT versions FROM steps ORDER BY version")
-            ],
-            "stale_never_trained": int(self.store.scalar("SELECT COUNT(*) FROM rollouts WHERE trained = -1") or 0),
-            # rollouts the trainer's checks refused, per node, and the samples trained / verified before training
-            "trainer_refused": {
-                str(r[0]): int(r[1])
-                for r in self.store.query("SELECT node, COUNT(*) FROM rollouts WHERE trained = -2 GROUP BY node")
-            },
-            # rollouts that went into a policy step having passed the trainer's checks, per node (a group
-            # whose rewards are all equal has no advantage and trains no sample, but was still taken)
-            "trainer_took": {
-                str(r[0]): int(r[1])
-                for r in self.store.query("SELECT node, COUNT(*) FROM rollouts WHERE trained = 1 GROUP BY node")
-            },
-            "samples_trained": int(self.store.scalar("SELECT COALESCE(SUM(samples), 0) FROM steps") or 0),
-            "samples_verified": int(self.store.scalar("SELECT COALESCE(SUM(verified), 0) FROM steps") or 0),
             "relays": sorted(self.relays.live(time.time())),
             "relays_refused": self.relays.refused(time.time()),
-            "rollout_versions": self._rollout_versions(),
             "txs": self.store.journal.counts(),
             "gossip_rejected": {str(k): v for k, v in self.net.rejected.items()} if self.net else {},
             "last_error": self.last_error,
         }
-
-    def _rollout_versions(self) -> dict[str, list[int]]:
-        out: dict[str, list[int]] = {}
-        for node, v in self.store.query("SELECT node, policy_version FROM rollouts ORDER BY accepted_at"):
-            out.setdefault(node, []).append(int(v))
-        return out
 
     def _count(self, name: str, value: float = 1.0, **labels: str) -> None:
         count(self.metrics, name, value, **labels)

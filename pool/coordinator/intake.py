@@ -74,7 +74,7 @@ class IntakeMixin:
                     f"provider {provider} stakes {stake} base units, pool {pool} needs {need}", "stake more"
                 )
             now = await c.timestamp()
-            row = self.store.one("SELECT * FROM invites WHERE node = ?", (sender,))
+            row = self.state.invite(sender)
             if (
                 row is not None
                 and int(row["expiry"]) > now + 60
@@ -83,12 +83,7 @@ class IntakeMixin:
                 inv = {"nonce": int(row["nonce"]), "expiry": int(row["expiry"]), "signature": row["signature"]}
             else:
                 invite = await ops.make_invite(c, self.key, pool, sender, self.cfg.invite_ttl)
-                self.store.execute(
-                    "INSERT INTO invites(node, nonce, expiry, signature) VALUES(?, ?, ?, ?) "
-                    "ON CONFLICT(node) DO UPDATE SET nonce=excluded.nonce, expiry=excluded.expiry, "
-                    "signature=excluded.signature",
-                    (sender, str(invite.nonce), invite.expiry, invite.signature),
-                )
+                self.state.keep_invite(sender, invite.nonce, invite.expiry, invite.signature)
                 inv = {"nonce": invite.nonce, "expiry": invite.expiry, "signature": invite.signature}
             log.info("invite for node %s to pool %d", sender, pool)
             return protocol.ok(member=False, invite=inv)
@@ -127,18 +122,14 @@ class IntakeMixin:
         if 0 < cfg.blacklist_after <= self.invalidations(sender):
             return protocol.refuse(f"node {sender} had {self.invalidations(sender)} record(s) invalidated in this pool")
         now = time.time()
-        row = self.store.one(
-            "SELECT task_id, body FROM tasks WHERE node = ? AND status = 'issued' AND expires_at > ? "
-            "ORDER BY expires_at DESC",
-            (sender, now + 30),
-        )
+        row = self.state.open_task(sender, now + 30)
         if row is not None:  # the open task again: asking twice never yields a second seed to pick from
             open_task = protocol.unpack(bytes.fromhex(row["body"]), "task")
             if int(open_task.get("policy_version", 0)) >= cfg.policy_version - cfg.async_level:
                 return protocol.ok(task=open_task)
             # The policy moved on since it was issued (the worker was down): its rollouts could never be
             # trained on and the versions it allows may be gone, so it is replaced by a fresh one.
-            self.store.execute("UPDATE tasks SET status = 'superseded' WHERE task_id = ?", (row["task_id"],))
+            self.state.supersede_task(row["task_id"])
             log.info("task %s of %s superseded: issued at policy version %s", row["task_id"], sender,
                      open_task.get("policy_version"))  # fmt: skip
         if cfg.train and self.backlog(now) >= cfg.train_files * (cfg.async_level + 1):
@@ -161,10 +152,7 @@ class IntakeMixin:
             min_policy_version=max(0, cfg.policy_version - cfg.async_level),
         )
         body = protocol.pack(task.to_wire())
-        self.store.execute(
-            "INSERT INTO tasks(task_id, node, body, expires_at) VALUES(?, ?, ?, ?)",
-            (task.task_id, sender, body.hex(), task.expires_at),
-        )
+        self.state.add_task(task.task_id, sender, body, task.expires_at)
         self._count("tasks_issued")
         return protocol.ok(task=task.to_wire())
 
@@ -174,15 +162,11 @@ class IntakeMixin:
         sequence of problems on every run (and across restarts: n is counted in the state file)."""
         if self.cfg.seed is None:
             return secrets.randbits(62)
-        return rules.seeded_task_seed(self.cfg.seed, int(self.store.scalar("SELECT COUNT(*) FROM tasks") or 0))
+        return rules.seeded_task_seed(self.cfg.seed, self.state.tasks_issued())
 
     def backlog(self, now: float) -> int:
         """Rollouts the trainer has not consumed yet: accepted-untrained plus tasks still open."""
-        untrained = self.store.scalar(
-            "SELECT COUNT(*) FROM rollouts WHERE trained = 0 AND status IN ('accepted', 'recorded')"
-        )
-        open_tasks = self.store.scalar("SELECT COUNT(*) FROM tasks WHERE status = 'issued' AND expires_at > ?", (now,))
-        return int(untrained or 0) + int(open_tasks or 0)
+        return self.state.backlog(now)
 
     def _reject(self, sender: str, reason: str, detail: str) -> bytes:
         """Count a refused submission and keep a bounded record of it: the sender's text is cut to
@@ -192,13 +176,7 @@ class IntakeMixin:
         self.rejected[reason] += 1
         self._count("rollouts_rejected", reason=reason)
         detail = detail[:REJECTION_DETAIL]
-        self.store.execute_many(
-            [
-                ("INSERT INTO rejections(at, node, reason, detail) VALUES(?, ?, ?, ?)",
-                 (time.time(), sender, reason, detail)),
-                ("DELETE FROM rejections WHERE rowid <= (SELECT MAX(rowid) FROM rejections) - ?", (MAX_REJECTIONS,)),
-            ]
-        )  # fmt: skip
+        self.state.add_rejection(sender, reason, detail, MAX_REJECTIONS)
         now = time.monotonic()
         if now - self._rejection_logged.get(sender, -1e9) >= REJECTION_LOG_EVERY:
             self._rejection_logged[sender] = now
@@ -217,11 +195,7 @@ class IntakeMixin:
         if self.membership.snapshot().role(sender) is None:
             return protocol.refuse("signatures are served to the pool's validators and members")
         key = protocol.unpack(request, "signature request").get("work_key")
-        row = (
-            self.store.one("SELECT signature FROM rollouts WHERE work_key = ?", (key,))
-            if isinstance(key, str)
-            else None
-        )
+        row = self.state.rollout(key) if isinstance(key, str) else None
         if row is None or not row["signature"]:
             return protocol.refuse(f"no signed rollout {key!r} here")
         return protocol.ok(signature=row["signature"])
@@ -234,9 +208,9 @@ class IntakeMixin:
             p, c = completion_hashes(s)
             pk, ck = tuple(s.prompt_tokens), (tuple(s.prompt_tokens), tuple(s.completion_tokens))
             if pk not in draws:
-                draws[pk] = int(self.store.scalar("SELECT COUNT(*) FROM completions WHERE prompt = ?", (p,)) or 0)
+                draws[pk] = self.state.prior_draws(p)
             if ck not in copies:
-                copies[ck] = int(self.store.scalar("SELECT COUNT(*) FROM completions WHERE completion = ?", (c,)) or 0)
+                copies[ck] = self.state.prior_copies(c)
         return draws, copies
 
     async def _on_submit(self, request: bytes, sender: str) -> bytes:
@@ -250,10 +224,10 @@ class IntakeMixin:
         key, task_id, signature = req.get("work_key"), req.get("task_id"), req.get("signature")
         if not isinstance(key, str) or not isinstance(task_id, str) or not re.fullmatch(r"0x[0-9a-f]{64}", key):
             return protocol.refuse("malformed submission: work_key (0x + 64 lowercase hex) and task_id are required")
-        done = self.store.one("SELECT status FROM rollouts WHERE work_key = ?", (key,))
+        done = self.state.rollout(key)
         if done is not None:
             return protocol.ok(status="duplicate", work_key=key)
-        trow = self.store.one("SELECT * FROM tasks WHERE task_id = ?", (task_id,))
+        trow = self.state.task(task_id)
         if trow is None or trow["node"] != sender:
             return self._reject(sender, "unknown-task", f"task {task_id} was not issued to {sender}")
         if trow["status"] == "superseded":
@@ -299,21 +273,7 @@ class IntakeMixin:
             return self._reject(sender, decision.reason, decision.detail)
         commitment = "0x" + proof_commitment([p for s in f.samples for p in s.proofs]).hex()
         mean_reward = sum(s.reward for s in f.samples) / len(f.samples)
-        self.store.execute_many(
-            [
-                (
-                    "INSERT INTO rollouts(work_key, task_id, node, units, policy_version, proof_commitment, "
-                    "mean_reward, accepted_at, signature) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (key, task_id, sender, f.units, f.header.policy_version, commitment, mean_reward, time.time(),
-                     signature),
-                ),
-                ("UPDATE tasks SET status = 'submitted', work_key = ? WHERE task_id = ?", (key, task_id)),
-            ]
-            + [
-                ("INSERT INTO completions(prompt, completion, work_key) VALUES(?, ?, ?)", (*completion_hashes(s), key))
-                for s in f.samples
-            ]
-        )  # fmt: skip
+        self.state.accept(key, task_id, sender, f, commitment, mean_reward, signature)
         self._count("rollouts_accepted")
         self._count("tokens_generated", f.units)
         log.info("accepted rollout %s from %s: %d units, mean reward %.3f", key[:12], sender, f.units, mean_reward)

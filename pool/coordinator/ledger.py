@@ -40,7 +40,7 @@ class LedgerMixin:
                 log.warning("recording work failed (will retry): %s", exc)
 
     def invalidations(self, node: str) -> int:
-        return int(self.store.scalar("SELECT COUNT(*) FROM invalidated WHERE node = ?", (node,)) or 0)
+        return self.state.invalidations(node)
 
     async def follow_invalidations(self) -> int:
         """Read the pool's `WorkInvalidated` events: the node of each invalidated record (from our own
@@ -54,24 +54,13 @@ class LedgerMixin:
         if got is None:
             return 0
         events, move = got
-        stmts: list[tuple[str, tuple[Any, ...]]] = []
-        nodes: set[str] = set()
+        found: list[tuple[str, str | None, int]] = []
         for ev in events:
             key = str(ev.args["workKey"])
-            row = self.store.one("SELECT node FROM rollouts WHERE work_key = ?", (key,))
-            node = row["node"] if row is not None else None
-            stmts.append(("INSERT OR IGNORE INTO invalidated(work_key, node, block) VALUES(?, ?, ?)",
-                          (key, node, ev.block_number)))  # fmt: skip
-            if node is not None:
-                nodes.add(node)
-                stmts.append(
-                    (
-                        "UPDATE rollouts SET trained = -1, note = 'node had work invalidated' "
-                        "WHERE node = ? AND trained = 0",
-                        (node,),
-                    )
-                )
-        self.store.execute_many(stmts + move)
+            row = self.state.rollout(key)
+            found.append((key, row["node"] if row is not None else None, ev.block_number))
+        self.state.add_invalidations(found, move)
+        nodes = {node for _, node, _ in found if node is not None}
         for node in sorted(nodes):
             n = self.invalidations(node)
             log.warning("work of node %s was invalidated (%d so far): its untrained rollouts are dropped", node, n)
@@ -100,7 +89,7 @@ class LedgerMixin:
         left = -1
         for _ in range(10_000):
             await self.record_pending(node)
-            n = self.store.scalar("SELECT COUNT(*) FROM rollouts WHERE status = 'accepted' AND node = ?", (node,))
+            n = self.state.unrecorded(node)
             if not n:
                 return
             if n == left:  # no progress: the pool's budget cannot reserve the rewards
@@ -121,26 +110,21 @@ class LedgerMixin:
     async def _record_batch(self, node: str | None) -> int:
         assert self.chain is not None
         c, pool = self.chain, self.cfg.pool_id
-        rows = self.store.query(
-            "SELECT * FROM rollouts WHERE status = 'accepted' AND (? IS NULL OR node = ?) ORDER BY accepted_at LIMIT ?",
-            (node, node, self.cfg.batch_size),
-        )
+        rows = self.state.to_record(node, self.cfg.batch_size)
         if not rows:
             return 0
         todo = []
         for r in rows:
             rec = await retry_rpc(lambda r=r: ops.record(c, pool, r["work_key"]), "record lookup")
             if rec["status"] != 0:  # recorded by a batch whose receipt a crash kept us from seeing
-                self.store.execute("UPDATE rollouts SET status = 'recorded' WHERE work_key = ?", (r["work_key"],))
+                self.state.set_recorded([r["work_key"]])
                 continue
             why = int(await retry_rpc(lambda r=r: c.call("WorkLedger", "recordable", pool, r["node"]), "recordable"))
             if why != 0:
                 # 1: not a member any more; 2: its provider's stake fell below the pool's minimum (only a
                 # slash can do that: unstaking below it is refused), and the ledger records nothing then.
                 note = "node left the pool before recording" if why == 1 else "provider's stake is below the minimum"
-                self.store.execute(
-                    "UPDATE rollouts SET status = 'dropped', note = ? WHERE work_key = ?", (note, r["work_key"])
-                )
+                self.state.set_dropped(r["work_key"], note)
                 continue
             todo.append(r)
         if not todo:
@@ -154,9 +138,7 @@ class LedgerMixin:
         ]
         receipts = await ops.record_work(c, pool, items)
         tx = receipts[-1].tx_hash
-        self.store.execute_many(
-            [("UPDATE rollouts SET status = 'recorded', tx = ? WHERE work_key = ?", (tx, r["work_key"])) for r in todo]
-        )
+        self.state.set_recorded([r["work_key"] for r in todo], tx)
         self._count("work_records_submitted", len(todo))
         self._count("chain_tx_sent", kind="recordWork")
         log.info("recorded %d rollouts on chain in %s", len(todo), tx)
@@ -198,7 +180,7 @@ class LedgerMixin:
         upload never submitted (or refused) cannot fill the disk."""
         n = 0
         for key in self.blobs.keys_older_than(self.cfg.orphan_after):
-            if self.store.one("SELECT 1 FROM rollouts WHERE work_key = ?", (key,)) is None:
+            if self.state.rollout(key) is None:
                 self.blobs.delete(key)
                 n += 1
         if n:
@@ -227,8 +209,5 @@ class LedgerMixin:
         except OSError as exc:
             log.warning("could not keep the evidence %s on %s: %s", digest[:14], key[:12], exc)
             return False
-        self.store.execute(
-            "INSERT OR IGNORE INTO evidence(hash, work_key, sender, at) VALUES(?, ?, ?, ?)",
-            (digest, key, sender.lower(), time.time()),
-        )
+        self.state.add_evidence(digest, key, sender)
         return True

@@ -80,8 +80,7 @@ class NetworkMixin:
 
     def history(self) -> dict[int, str]:
         """Manifest hashes of the last HISTORY policy versions."""
-        rows = self.store.query("SELECT version, manifest_hash FROM steps ORDER BY version DESC LIMIT ?", (HISTORY,))
-        return {int(r[0]): str(r[1]) for r in rows}
+        return self.state.history(HISTORY)
 
     async def _relay_probe_loop(self) -> None:
         """Probe the relays members name (see `RelayBook`): only those that serve a checkpoint of ours are

@@ -4,7 +4,6 @@ validators, and the checkpoints rollouts may still claim kept served. A mixin of
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import time
@@ -52,8 +51,7 @@ class TrainingMixin:
         published: every version that was current within the last `keep_checkpoint_seconds`. Rollouts
         come from such versions, and a validator that was down or behind must still be able to fetch
         the weights a rollout claims before its validation deadline."""
-        rows = self.store.query("SELECT version FROM steps WHERE at >= ?", (now - self.cfg.keep_checkpoint_seconds,))
-        return rules.retained_versions(new, (int(r[0]) for r in rows))
+        return rules.retained_versions(new, self.state.recent_versions(now - self.cfg.keep_checkpoint_seconds))
 
     async def _train_loop(self) -> None:
         while True:
@@ -76,18 +74,11 @@ class TrainingMixin:
         the last committed version."""
         cfg = self.cfg
         v = cfg.policy_version
-        self.store.execute(
-            "UPDATE rollouts SET trained = -1 WHERE trained = 0 AND policy_version < ?", (v - cfg.async_level,)
-        )
-        rows = self.store.query(
-            "SELECT work_key FROM rollouts WHERE trained = 0 AND status IN ('accepted', 'recorded') "
-            "ORDER BY accepted_at LIMIT ?",
-            (cfg.train_files,),
-        )
+        rows = self.state.to_train(v - cfg.async_level, cfg.train_files)
         if len(rows) < cfg.train_files:
             return False
         keys, files = [], []
-        for k in (r[0] for r in rows):
+        for k in rows:
             data = self.blobs.get(k)
             try:
                 if data is None:
@@ -96,7 +87,7 @@ class TrainingMixin:
                 keys.append(k)
             except RolloutFormatError as exc:  # never retried for ever: dropped from training, once
                 log.error("rollout %s cannot be trained on (%s); dropped from training", k[:12], exc)
-                self.store.execute("UPDATE rollouts SET trained = -1, note = ? WHERE work_key = ?", (str(exc)[:200], k))
+                self.state.never_train(k, str(exc)[:200])
         if len(files) < cfg.train_files:
             return False
         new = v + 1
@@ -150,7 +141,7 @@ class TrainingMixin:
             log.warning("could not keep the trainer's verdict on %s: %s", key[:12], exc)
         log.warning(
             "rollout %s of node %s failed the trainer's checks (%s): not trained on; reported to the validators",
-            key[:12], self.store.scalar("SELECT node FROM rollouts WHERE work_key = ?", (key,)), reason,
+            key[:12], (self.state.rollout(key) or {}).get("node"), reason,
         )  # fmt: skip
         self._count("trainer_rejected")
         if self.net is not None:
@@ -192,38 +183,8 @@ class TrainingMixin:
         cfg = self.cfg
         failed = failed or {}
         versions = sorted({f.header.policy_version for f in files})
-        marks: list[tuple[str, tuple[Any, ...]]] = []
-        for k in keys:
-            if k in failed:
-                note = f"failed the trainer's checks: {failed[k]['verdict']['reason']}"
-                marks.append(("UPDATE rollouts SET trained = -2, note = ? WHERE work_key = ?", (note, k)))
-            else:
-                marks.append(("UPDATE rollouts SET trained = 1 WHERE work_key = ?", (k,)))
-        self.store.execute_many(
-            [
-                *marks,
-                (
-                    "INSERT OR REPLACE INTO steps(version, mean_reward, files, samples, stale, versions, seconds, "
-                    "manifest_hash, at, verified) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        new,
-                        float(stats.mean_reward),
-                        len(files),
-                        int(stats.samples_trained),
-                        int(stats.stale_rejected),
-                        json.dumps(versions),
-                        float(stats.seconds),
-                        manifest_hash,
-                        time.time(),
-                        int(stats.verified),
-                    ),
-                ),
-                (
-                    "INSERT INTO kv(k, v) VALUES('policy_version', ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v",
-                    (str(new),),
-                ),
-            ]
-        )
+        why = {k: f"failed the trainer's checks: {v['verdict']['reason']}" for k, v in failed.items()}
+        self.state.commit_step(new, keys, why, stats, len(files), versions, manifest_hash)
         cfg.policy_version = new
         if self.metrics is not None:
             self.metrics.policy_version.set(new)

@@ -100,3 +100,27 @@ def test_no_module_passes_450_lines() -> None:
             if n > 450:
                 long.append(f"{name}: {n} lines")
     assert long == [], "split these by concern: " + ", ".join(long)
+
+
+SQL_HEADS = ("SELECT ", "UPDATE ", "DELETE FROM ", "INSERT INTO ", "INSERT OR ", "CREATE TABLE ")
+STATE_MODULES = {"node/store.py", "node/worker/state.py", "node/validator/state.py", "pool/coordinator/state.py"}
+
+
+def _sql_strings(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.lstrip().startswith(SQL_HEADS):
+            found.append(f"line {node.lineno}: {node.value[:40]!r}")
+    return found
+
+
+def test_no_sql_outside_the_state_modules() -> None:
+    """Each daemon's durable state is behind named methods (`state.py`); shells and rules hold no SQL."""
+    leaks = {}
+    for top in ("node", "pool", "cli"):
+        for p in sorted((REPO / top).rglob("*.py")):
+            name = str(p.relative_to(REPO))
+            if name not in STATE_MODULES and (found := _sql_strings(p)):
+                leaks[name] = found
+    assert leaks == {}
+    assert _sql_strings(REPO / "pool" / "coordinator" / "state.py")  # the check sees SQL where it is
