@@ -1,5 +1,6 @@
-"""Plumbing shared by the three daemons (worker, validator, coordinator) inside their `run()`: connecting
-to the chain with retries, the pool's bootstrap peers and network, evidence documents, policy prefills.
+"""Plumbing shared by the three daemons (worker, validator, coordinator) inside their `run()`: the one
+prologue (`open_pool_chain`: connect with retries, settle the journal, read the pool), ledger event
+cursors, the pool's bootstrap peers and network, evidence documents, policy prefills.
 The process around them (logging, signals, the trio root, metrics, fatal errors) is `node.runtime`."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 import trio
 from eth_account.signers.local import LocalAccount
 
+from . import ops
 from .chain import ChainClient, ChainError, Deployment
 from .chain.abi import topic
 from .chain.errors import RpcUnavailable
@@ -23,7 +25,7 @@ from .p2p.discovery import parse_bootstrap
 from .p2p.host import P2PError, eth_address_from_peer_id
 from .p2p.membership import ChainMembership
 from .p2p.network import PoolNetwork
-from .store import Store
+from .store import Store, settle_journal
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,25 @@ async def connect_chain(
             log.warning("%s: RPC %s unreachable, retrying in %.0f s", what, rpc_url, delay)
             await trio.sleep(delay)
             delay = min(delay * 2, 10.0)
+
+
+async def open_pool_chain(cfg: Any, account: LocalAccount, store: Any, what: str) -> tuple[ChainClient, dict[str, Any]]:
+    """Every role's prologue: connect to the chain (retrying while the RPC endpoint is down), settle the
+    transactions a crash left unconfirmed (`store.journal`), and read the pool `cfg.pool_id`. Returns the
+    client (closed here if the prologue fails) and the pool's record."""
+    chain = await connect_chain(
+        cfg.rpc_url, cfg.deployment, account, journal=store.journal, wait=cfg.rpc_wait, what=what
+    )
+    try:
+        settled = await settle_journal(store.journal, chain.sender)  # type: ignore[arg-type]
+        if settled:
+            log.info("%s: settled %d transaction(s) sent before a restart", what, len(settled))
+        info = await ops.pool_info(chain, cfg.pool_id)
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            await chain.aclose()
+        raise
+    return chain, info
 
 
 async def retry(

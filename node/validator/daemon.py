@@ -32,9 +32,9 @@ from ..chain import ChainClient, ChainError, Deployment
 from ..chain.errors import RpcUnavailable
 from ..daemon import (
     PolicyPrefills,
-    connect_chain,
     count,
     new_ledger_events,
+    open_pool_chain,
     open_pool_network,
     pool_peers,
     retry_rpc,
@@ -47,7 +47,7 @@ from ..p2p.blobs import BlobStore
 from ..p2p.network import PoolNetwork
 from ..policy import PolicyAnnouncement, PolicyBook
 from ..rollout.checks import Reason
-from ..store import DISK_FULL, StoreError, settle_journal
+from ..store import DISK_FULL, StoreError
 from ..tasks.math import get_env
 from ..taskspec import TaskSpec, TaskSpecError, pool_spec
 from ..verify import Calibrated
@@ -133,12 +133,8 @@ class Validator(CheckingMixin, DisputesMixin):
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         cfg = self.cfg
-        self.chain = await connect_chain(
-            cfg.rpc_url, cfg.deployment, self.key, journal=self.store.journal, wait=cfg.rpc_wait, what="validator"
-        )
+        self.chain, info = await open_pool_chain(cfg, self.key, self.store, "validator")
         try:
-            await settle_journal(self.store.journal, self.chain.sender)  # type: ignore[arg-type]
-            info = await ops.pool_info(self.chain, cfg.pool_id)
             if not await self.chain.call("PoolManager", "isPoolValidator", cfg.pool_id, self.key.address):
                 raise ChainError(
                     f"{self.key.address} is not a validator of pool {cfg.pool_id}",

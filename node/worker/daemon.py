@@ -31,8 +31,8 @@ from ..chain.errors import RpcUnavailable
 from ..chain.messages import tokens
 from ..chain.signing import RolloutClaim
 from ..daemon import (
-    connect_chain,
     count,
+    open_pool_chain,
     open_pool_network,
     pool_peers,
     retry_rpc,
@@ -43,7 +43,7 @@ from ..p2p.host import P2PError, Refused
 from ..p2p.network import PoolNetwork
 from ..policy import PolicyBook
 from ..rollout.file import MAX_FILE_BYTES, RolloutFile, work_key
-from ..store import DISK_FULL_PREFIX, settle_journal, write_file_when_room
+from ..store import DISK_FULL_PREFIX, write_file_when_room
 from ..verify import PoolFileCheck
 from .accusations import AccusationsMixin
 from .generation import GenerationMixin, PolicyUnavailable
@@ -157,12 +157,8 @@ class Worker(JoiningMixin, GenerationMixin, AccusationsMixin):
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         cfg = self.cfg
         self.phase = "connecting to the chain"
-        self.chain = await connect_chain(
-            cfg.rpc_url, cfg.deployment, self.provider, journal=self.store.journal, wait=cfg.rpc_wait, what="worker"
-        )
+        self.chain, info = await open_pool_chain(cfg, self.provider, self.store, "worker")
         try:
-            await settle_journal(self.store.journal, self.chain.sender)  # type: ignore[arg-type]
-            info = await ops.pool_info(self.chain, cfg.pool_id)
             if info["statusName"] != "active":
                 raise ChainError(
                     f"pool {cfg.pool_id} is {info['statusName']}, not active",

@@ -23,11 +23,11 @@ from typing import Any
 import trio
 from eth_account.signers.local import LocalAccount
 
-from node import ops, protocol
+from node import protocol
 from node.chain import ChainClient, ChainError, Deployment
 from node.daemon import (
-    connect_chain,
     count,
+    open_pool_chain,
     serve_evidence,
 )
 from node.errors import ConfigError
@@ -38,7 +38,6 @@ from node.p2p.host import COORDINATOR_MAX_CONNECTIONS
 from node.p2p.membership import ChainMembership
 from node.p2p.network import PoolNetwork
 from node.policy import RelayBook
-from node.store import settle_journal
 from node.tasks.math import get_env
 from node.taskspec import TaskSpec, TaskSpecError, pool_spec
 from node.weights.serve import serve_weights
@@ -156,14 +155,8 @@ class Coordinator(IntakeMixin, LedgerMixin, NetworkMixin, TrainingMixin):
 
     async def run(self, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
         cfg = self.cfg
-        self.chain = await connect_chain(
-            cfg.rpc_url, cfg.deployment, self.key, journal=self.store.journal, wait=cfg.rpc_wait, what="coordinator"
-        )
+        self.chain, info = await open_pool_chain(cfg, self.key, self.store, "coordinator")
         try:
-            settled = await settle_journal(self.store.journal, self.chain.sender)  # type: ignore[arg-type]
-            if settled:
-                log.info("settled %d transaction(s) sent before a restart", len(settled))
-            info = await ops.pool_info(self.chain, cfg.pool_id)
             if info["coordinator"].lower() != self.key.address.lower():
                 raise ChainError(
                     f"{self.key.address} is not the coordinator of pool {cfg.pool_id} (that is {info['coordinator']})",
