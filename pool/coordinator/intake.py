@@ -123,18 +123,20 @@ class IntakeMixin:
             return protocol.refuse(f"node {sender} had {self.invalidations(sender)} record(s) invalidated in this pool")
         now = time.time()
         row = self.state.open_task(sender, now + 30)
-        if row is not None:  # the open task again: asking twice never yields a second seed to pick from
+        if row is not None:
             open_task = protocol.unpack(bytes.fromhex(row["body"]), "task")
-            if int(open_task.get("policy_version", 0)) >= cfg.policy_version - cfg.async_level:
+            version = int(open_task.get("policy_version", 0))
+            if rules.task_to_hand_out(version, cfg.policy_version, cfg.async_level, cfg.train, 0, 1) == "resend":
                 return protocol.ok(task=open_task)
-            # The policy moved on since it was issued (the worker was down): its rollouts could never be
-            # trained on and the versions it allows may be gone, so it is replaced by a fresh one.
+            # the policy moved on since it was issued (the worker was down): replaced by a fresh one
             self.state.supersede_task(row["task_id"])
-            log.info("task %s of %s superseded: issued at policy version %s", row["task_id"], sender,
-                     open_task.get("policy_version"))  # fmt: skip
-        if cfg.train and self.backlog(now) >= cfg.train_files * (cfg.async_level + 1):
-            # Asynchrony is bounded: no more work is handed out than the trainer can consume before the
-            # policy moves `async_level` versions on; workers wait instead of generating stale rollouts.
+            log.info("task %s of %s superseded: issued at policy version %s", row["task_id"], sender, version)
+        if (
+            rules.task_to_hand_out(
+                None, cfg.policy_version, cfg.async_level, cfg.train, self.backlog(now), cfg.train_files
+            )
+            == "wait"
+        ):
             return protocol.ok(retry_after=2.0, reason="waiting for the trainer")
         task = protocol.Task(
             task_id="t-" + secrets.token_hex(8),
