@@ -36,12 +36,27 @@ def _bootstrap(values: tuple[str, ...]) -> list[str]:
         raise click.BadParameter(str(exc)) from None
 
 
-def _check_thresholds(thresholds: str | None) -> None:
-    """A bad --thresholds fails at once (a `ConfigError`), not after the chain, the spec and the model load."""
-    if thresholds:
-        from node.verify import Calibrated
+def _thresholds(thresholds: str | None) -> Any:
+    """The `Calibrated` a --thresholds names, loaded now: a bad one fails at once (a `ConfigError`), not
+    after the chain, the spec and the model load. None: the daemon takes the spec model's shipped one."""
+    if not thresholds:
+        return None
+    from node.verify import Calibrated
 
-        Calibrated.load(thresholds)
+    return Calibrated.load(thresholds)
+
+
+def _data_dir(data_dir: str) -> Path:
+    """The daemon's --data-dir, made if missing; one that cannot be (a file in the way, no permission, a
+    read-only disk) is a `ConfigError` now, before a key or a state file is written."""
+    d = Path(data_dir).expanduser()
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise PermissionError(13, "not writable", str(d))
+    except OSError as exc:
+        raise ConfigError(f"cannot use --data-dir {d}: {exc.strerror or exc}", "pass a writable folder") from None
+    return d
 
 
 def _node_key(data_dir: Path, node_keystore: str | None) -> Any:
@@ -54,7 +69,6 @@ def _node_key(data_dir: Path, node_keystore: str | None) -> Any:
     path = data_dir / "node-key.json"
     if path.exists():
         return keys.load_keystore(path) if os.environ.get(keys.PASSWORD_ENV) else _read_plain(path)
-    data_dir.mkdir(parents=True, exist_ok=True)
     if os.environ.get(keys.PASSWORD_ENV):
         acct = keys.new_keystore(path, os.environ[keys.PASSWORD_ENV])
     else:
@@ -135,7 +149,7 @@ def join_command(
     from node.worker import Declined, Worker, WorkerConfig
 
     setup_logging(verbose)
-    d = Path(data_dir).expanduser()
+    d = _data_dir(data_dir)
     dep = s.deployment()
     provider = s.account()
     node = _node_key(d, node_keystore)
@@ -207,8 +221,8 @@ def validate_command(
     from node.validator import Validator, ValidatorConfig
 
     setup_logging(verbose)
-    _check_thresholds(thresholds)
-    d = Path(data_dir).expanduser()
+    calibrated = _thresholds(thresholds)
+    d = _data_dir(data_dir)
     dep = s.deployment()
     key = s.account()
     cfg = ValidatorConfig(
@@ -219,13 +233,15 @@ def validate_command(
         listen=listen,
         bootstrap=_bootstrap(bootstrap) or None,
         model=model,
-        thresholds=thresholds,
+        thresholds=calibrated,
         sample_rate=sample_rate,
         rpc_wait=rpc_wait,
         lie=lie,
     )
     metrics = make_metrics("validator")
-    run_daemon(Validator(cfg, key, metrics), metrics, _host_port(metrics_at), "validator", d)
+    with fatal_errors():
+        validator = Validator(cfg, key, metrics)
+    run_daemon(validator, metrics, _host_port(metrics_at), "validator", d)
 
 
 @click.command("coordinator")
@@ -315,8 +331,8 @@ def coordinator_command(
     from pool.coordinator import Coordinator, CoordinatorConfig
 
     setup_logging(verbose)
-    _check_thresholds(thresholds)
-    d = Path(data_dir).expanduser()
+    calibrated = _thresholds(thresholds)
+    d = _data_dir(data_dir)
     dep = s.deployment()
     key = s.account()
     cfg = CoordinatorConfig(
@@ -337,7 +353,7 @@ def coordinator_command(
         train=train,
         train_files=train_files,
         lr=lr,
-        thresholds=thresholds,
+        thresholds=calibrated,
         async_level=async_level,
         weights_rate=weights_rate,
         keep_checkpoint_seconds=keep_checkpoint_hours * 3600.0,
@@ -347,7 +363,9 @@ def coordinator_command(
     if weights is not None:
         cfg.weights_host, cfg.weights_port = weights
     metrics = make_metrics("coordinator")
-    run_daemon(Coordinator(cfg, key, metrics), metrics, _host_port(metrics_at), "coordinator", d)
+    with fatal_errors():
+        coordinator = Coordinator(cfg, key, metrics)
+    run_daemon(coordinator, metrics, _host_port(metrics_at), "coordinator", d)
 
 
 COMMANDS = [join_command, validate_command, coordinator_command]

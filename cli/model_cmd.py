@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from node.errors import ConfigError
-from node.fsio import write_file
+from node.fsio import write_output
 
 from ._common import Settings, output
 
@@ -54,21 +54,17 @@ def toploc_calibrate(
     Honest: fp32 and bf16 generation, batch sizes 1 and 8, checked by fp32 and bf16 prefills.
     Tampered: other weights, 1 % weight noise, fp8 weights, another system prompt, a changed prompt
     token, another model's tokens spliced in. Exits 1 if no thresholds separate them."""
-    from node.calibrate import CalibrationConfig, CalibrationFailed, calibrate
+    from node.calibrate import CalibrationConfig, calibrate
 
     say = (lambda m: None) if as_json else (lambda m: click.echo(m, err=True))
-    try:
-        result = calibrate(
-            CalibrationConfig(model, prompts, samples, max_tokens, 1.0, seed, precision),
-            progress=say,
-            cache=Path(cache) if cache else None,
-        )
-    except CalibrationFailed as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+    result = calibrate(  # a failure is a `CalibrationFailed`: one line and exit 1, from the CLI's entry
+        CalibrationConfig(model, prompts, samples, max_tokens, 1.0, seed, precision),
+        progress=say,
+        cache=Path(cache) if cache else None,
+    )
     text = json.dumps(result.to_dict(), indent=2, sort_keys=True) + "\n"
     if out:
-        write_file(Path(out), text.encode())
+        write_output(Path(out), text.encode())
     t = result.toploc
     summary = [
         f"{model}: exponent mismatches <= {t.exp_mismatch_max}, mantissa error mean <= {t.mant_err_mean_max}, "
@@ -180,7 +176,7 @@ def rollout_verify(
         line += "".join(f"\n  {c}" for c in d["evidence"])
     if evidence_out is not None:
         doc, d["evidence_hash"] = encode_evidence({"work_key": d["work_key"], "pool": h.pool_id, **v.to_dict()})
-        write_file(Path(evidence_out), doc)
+        write_output(Path(evidence_out), doc)
         line += f"\n  evidence document {evidence_out}: hash {d['evidence_hash']}"
     output(Settings(None, "", None, as_json), d, line)
     if not v.ok:

@@ -14,7 +14,7 @@ from node.chain import ChainError
 from node.chain.messages import tokens
 from node.chain.signing import Invite
 from node.errors import ConfigError
-from node.fsio import write_file
+from node.fsio import write_output
 
 from ._common import AMOUNT, Settings, common, output, receipt, run
 
@@ -236,7 +236,7 @@ def pool_invite(s: Settings, pool_id: int, node: str, ttl: int, nonce: int | Non
     inv = run(go)
     text = json.dumps(inv.to_dict(), indent=2)
     if out:
-        write_file(Path(out), (text + "\n").encode())
+        write_output(Path(out), (text + "\n").encode())
         output(
             s, inv.to_dict(), f"invite for node {inv.node} to pool {pool_id} written to {out} (expires {inv.expiry})"
         )

@@ -287,7 +287,7 @@ def measure(
     changed = [list(p) for p in prompts]
     for p in changed:  # one prompt token (the last non-template one we can find) replaced
         j = max(0, len(p) - 3)
-        p[j] = (p[j] + 7) % tools.vocab_size
+        p[j] = (p[j] + 7) % tools.tokenizer_size  # an id the tokenizer has
     progress(f"calibrating {cfg.model}: {cfg.prompts} prompts x {cfg.samples} samples, {cfg.max_tokens} tokens")
     cached = (
         cache / f"{cfg.model.replace('/', '_')}-{cfg.prompts}-{cfg.samples}-{cfg.max_tokens}-{cfg.seed}.pt"

@@ -60,18 +60,22 @@ async def connect_chain(
 async def open_pool_chain(cfg: Any, account: LocalAccount, store: Any, what: str) -> tuple[ChainClient, dict[str, Any]]:
     """Every role's prologue: connect to the chain (retrying while the RPC endpoint is down), settle the
     transactions a crash left unconfirmed (`store.journal`), and read the pool `cfg.pool_id`. Returns the
-    client (closed here if the prologue fails) and the pool's record."""
-    chain = await connect_chain(
-        cfg.rpc_url, cfg.deployment, account, journal=store.journal, wait=cfg.rpc_wait, what=what
-    )
+    client and the pool's record; if the prologue fails, the client and the role's `store` are closed
+    here (the role's own `finally` covers what comes after)."""
+    chain: ChainClient | None = None
     try:
+        chain = await connect_chain(
+            cfg.rpc_url, cfg.deployment, account, journal=store.journal, wait=cfg.rpc_wait, what=what
+        )
         settled = await settle_journal(store.journal, chain.sender)  # type: ignore[arg-type]
         if settled:
             log.info("%s: settled %d transaction(s) sent before a restart", what, len(settled))
         info = await ops.pool_info(chain, cfg.pool_id)
     except BaseException:
         with trio.CancelScope(shield=True):
-            await chain.aclose()
+            if chain is not None:
+                await chain.aclose()
+            store.close()
         raise
     return chain, info
 

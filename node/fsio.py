@@ -4,7 +4,9 @@ temp file behind.
 
 - `write_file(path, data)`: bytes, fsync'd, renamed over `path`;
 - `atomic_file(path)`: the same for a writer that streams (yields the open binary file);
-- `atomic_dir(path)`: a temp sibling folder to fill, renamed over `path` (replacing what was there).
+- `atomic_dir(path)`: a temp sibling folder to fill, renamed over `path` (replacing what was there);
+- `write_output(path, data)`: a file a user named (`--out`): atomic and with the umask's permissions for
+  a regular file, written straight through for `/dev/stdout`, a pipe or another non-regular file.
 
 Temp names start with a dot and sit beside the target (the rename stays on one filesystem).
 """
@@ -41,9 +43,30 @@ def atomic_file(path: Path, *, fsync: bool = True) -> Iterator[BinaryIO]:
 
 
 def write_file(path: Path, data: bytes, *, fsync: bool = True) -> None:
-    """Write ``data`` to ``path`` durably: a temp file beside it, fsync, rename. Nothing is left on error."""
+    """Write ``data`` to ``path`` durably: a temp file beside it, fsync, rename. Nothing is left on error.
+    The file is private (mode 0600): the node's own state."""
     with atomic_file(path, fsync=fsync) as fh:
         fh.write(data)
+
+
+def write_output(path: Path, data: bytes) -> None:
+    """Write a file the user asked for (`--out FILE`): a regular file (or a new one) is replaced
+    atomically and gets the permissions the umask gives new files (or keeps those it had); anything else
+    that exists (`/dev/stdout`, a pipe, a terminal) is written straight through, as a shell redirect would."""
+    path = Path(path)
+    if path.exists() and not path.is_file():
+        with open(path, "wb") as fh:
+            fh.write(data)
+        return
+    if path.exists():
+        mode = path.stat().st_mode & 0o7777
+    else:
+        umask = os.umask(0o022)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    with atomic_file(path) as fh:
+        fh.write(data)
+        os.fchmod(fh.fileno(), mode)
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ class ModelTools:
     decode: Callable[[list[int]], str]
     stop_ids: set[int]
     vocab_size: int = 0  # rows of the model's output layer: every token id it can emit is below this
+    tokenizer_size: int = 0  # ids the tokenizer knows (len(tokenizer)); may be below vocab_size (padded rows)
 
 
 def model_tools(name: str) -> ModelTools:
@@ -39,6 +40,7 @@ def model_tools(name: str) -> ModelTools:
         lambda ids: str(tok.decode(ids, skip_special_tokens=True)),
         stop_ids(tok),
         model_vocab_size(path),
+        len(tok),
     )
 
 

@@ -68,7 +68,7 @@ class ValidatorConfig:
     listen: str = "/ip4/127.0.0.1/tcp/0"
     bootstrap: list[str] | None = None
     model: str | None = None  # None: the model the pool's task spec names; another one refuses to start
-    thresholds: str | None = None
+    thresholds: Calibrated | None = None  # --thresholds, loaded; None: the spec model's shipped one
     sample_rate: float = 1.0
     poll_every: float = 2.0
     max_internal_errors: int = 3  # a check that fails on our side this often is given up, loudly
@@ -191,7 +191,7 @@ class Validator(CheckingMixin, DisputesMixin):
             )
         self.spec = spec
         self.env = get_env(spec.env)
-        self.calibrated = Calibrated.load(self.cfg.thresholds or spec.model)
+        self.calibrated = self.cfg.thresholds or Calibrated.load(spec.model)
         return model
 
     def _load_prefill(self) -> Any:

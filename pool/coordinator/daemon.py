@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 from eth_account.signers.local import LocalAccount
@@ -48,6 +48,9 @@ from .ledger import LedgerMixin
 from .network import NetworkMixin
 from .state import CoordinatorState
 from .training import TrainingMixin
+
+if TYPE_CHECKING:
+    from node.verify import Calibrated
 
 log = logging.getLogger("intellect.coordinator")
 
@@ -86,7 +89,7 @@ class CoordinatorConfig:
     keep_checkpoint_seconds: float = 6 * 3600.0  # and every version current within this long
     blacklist_after: int = 0  # invalidated records after which a node gets no task and is blacklisted (0: never)
     orphan_after: float = 600.0  # an upload no accepted rollout names is deleted after this long
-    thresholds: str | None = None  # calibrated thresholds for the trainer's checks (default: the spec model's)
+    thresholds: Calibrated | None = None  # --thresholds, loaded, for the trainer's checks (None: the spec model's)
     seed: int | None = None  # fixed task seeds (reproducible experiments); None: unpredictable
 
 
@@ -256,7 +259,7 @@ class Coordinator(IntakeMixin, LedgerMixin, NetworkMixin, TrainingMixin):
 
         assert self.spec is not None and self.tools is not None
         try:
-            calibrated = Calibrated.load(self.cfg.thresholds or self.spec.model)
+            calibrated = self.cfg.thresholds or Calibrated.load(self.spec.model)
         except ConfigError as exc:
             raise ConfigError(
                 f"cannot train pool {self.cfg.pool_id}: {exc.message}",

@@ -171,7 +171,7 @@ def test_join_with_an_unusable_data_dir(chain: World, monkeypatch, capsys, tmp_p
         capsys,
         chain.node,
     )
-    assert_error_line(code, err, f"cannot open state file {blocker / 'w' / 'worker.db'}", "--data-dir")
+    assert_error_line(code, err, f"cannot use --data-dir {blocker / 'w'}: Not a directory", "writable folder")
 
 
 def test_join_with_rpc_down(chain: World, monkeypatch, capsys, tmp_path: Path) -> None:

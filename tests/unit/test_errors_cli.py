@@ -147,3 +147,39 @@ def test_a_missing_thresholds_file_is_a_config_error_before_anything_starts(
         from node.verify import Calibrated
 
         Calibrated.load(tmp_path / "missing.json")
+
+
+DAEMON_STATE = {
+    "join": "node.worker.daemon.WorkerState",
+    "validate": "node.validator.daemon.ValidatorState",
+    "coordinator": "pool.coordinator.daemon.CoordinatorState",
+}
+
+
+@pytest.mark.parametrize("daemon", sorted(DAEMON_STATE))
+def test_a_daemon_that_cannot_start_on_its_data_dir_says_so_in_one_line(
+    daemon: str, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """A --data-dir with a file in the way, and a disk that fills while the daemon opens its state, fail
+    before the chain is touched: one line each, no traceback."""
+    from node.chain.deployment import CONTRACT_NAMES, Deployment
+
+    dep = tmp_path / "deployment.json"
+    Deployment(chain_id=31337, contracts={n: "0x" + "11" * 20 for n in CONTRACT_NAMES}, block=0).save(dep)
+    monkeypatch.setenv("INTELLECT_DEPLOYMENT", str(dep))
+    monkeypatch.setenv("INTELLECT_PRIVATE_KEY", "0x" + "ab" * 32)
+    monkeypatch.setenv("INTELLECT_NODE_KEY", "0x" + "cd" * 32)
+
+    def start(data_dir: Path) -> str:
+        flags = ["--pool", "1", "--data-dir", str(data_dir), "--metrics", ""]
+        code = entry([daemon, *flags, "--rpc-url", "http://127.0.0.1:9", "--rpc-wait", "0"])
+        return _one_line(code, capsys.readouterr().err)
+
+    (tmp_path / "a-file").write_text("")
+    assert f"cannot use --data-dir {tmp_path / 'a-file' / 'd'}: Not a directory" in start(tmp_path / "a-file" / "d")
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device", str(tmp_path / "d" / "state.db"))
+
+    monkeypatch.setattr(DAEMON_STATE[daemon], full)
+    assert "out of disk space" in start(tmp_path / "d")

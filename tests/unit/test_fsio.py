@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from node.fsio import atomic_dir, atomic_file, write_file
+from node.fsio import atomic_dir, atomic_file, write_file, write_output
 
 
 def test_write_file_replaces_whole_and_leaves_no_temp(tmp_path: Path) -> None:
@@ -39,3 +40,29 @@ def test_atomic_dir_replaces_a_folder_or_keeps_the_old_one(tmp_path: Path) -> No
         (tmp / "c").write_text("3")
     assert sorted(x.name for x in d.iterdir()) == ["c"]
     assert [x.name for x in tmp_path.iterdir()] == ["ckpt"]
+
+
+def test_write_output_gives_a_new_file_the_umasks_permissions_and_keeps_an_old_ones(tmp_path: Path) -> None:
+    old = os.umask(0o027)
+    try:
+        p = tmp_path / "invite.json"
+        write_output(p, b"one")
+        assert p.stat().st_mode & 0o777 == 0o640  # 0o666 less the umask, not mkstemp's 0600
+        p.chmod(0o604)
+        write_output(p, b"two")
+        assert (p.read_bytes(), p.stat().st_mode & 0o777) == (b"two", 0o604)
+    finally:
+        os.umask(old)
+    assert [x.name for x in tmp_path.iterdir()] == ["invite.json"]
+
+
+def test_write_output_writes_through_a_pipe_as_a_shell_redirect_would(tmp_path: Path) -> None:
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    r = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader, so that opening the pipe for writing succeeds
+    try:
+        write_output(fifo, b"thresholds")
+        assert os.read(r, 100) == b"thresholds"
+    finally:
+        os.close(r)
+    assert fifo.is_fifo()  # not replaced by a regular file
