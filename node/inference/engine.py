@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from node.inference.models import default_cache_dir
+from node.rollout.exact import sample_seed
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -41,6 +42,10 @@ if TYPE_CHECKING:
 from .capture import _assemble_hidden, _eager_token_ranks, _install_capture, _pop_captured
 from .hf import HfPrefill
 from .types import _TORCH_DTYPES, Completion, DType, Prefill, SamplingSpec, completion_seed
+
+# `node.inference.gumbel` (it imports vLLM, so vLLM loads it by name after the environment is set)
+EXACT_PROCESSOR = "node.inference.gumbel:ExactSampler"
+EXACT_KEY = "intellect_exact"
 
 
 def _tokens_input(tokens: list[int]) -> Any:
@@ -153,6 +158,7 @@ class VllmEngine:
             "enable_prefix_caching": False,
             "logprobs_mode": "raw_logprobs",
             "disable_log_stats": True,
+            "logits_processors": [EXACT_PROCESSOR],  # exact sampling, for the requests that ask for it
         }
         if not self.gpu:
             # No partial prefills: when a step's token budget cuts a prompt, vLLM discards that
@@ -191,16 +197,24 @@ class VllmEngine:
         return self._llm
 
     def _sampling_params(self, spec: SamplingSpec, seed: int) -> Any:
+        """vLLM's parameters for one completion: its own seeded generator, or, for exact sampling, a
+        greedy request whose every token the `ExactSampler` draws from `seed` (see `gumbel`)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
+        exact: dict[str, Any] | None = None
+        if spec.exact:
+            if spec.temperature <= 0:
+                raise ValueError("exact sampling needs a positive temperature (greedy decoding is exact already)")
+            exact = {"temperature": spec.temperature, "top_p": spec.top_p, "top_k": spec.top_k, "seed": seed}
         return SamplingParams(
             n=1,
-            temperature=spec.temperature,
-            top_p=spec.top_p,
-            top_k=0 if spec.top_k in (-1, 0) else spec.top_k,
+            temperature=0.0 if exact else spec.temperature,
+            top_p=1.0 if exact else spec.top_p,
+            top_k=0 if exact or spec.top_k in (-1, 0) else spec.top_k,
             max_tokens=spec.max_tokens,
-            seed=seed,
+            seed=None if exact else seed,
+            extra_args={EXACT_KEY: exact} if exact else None,
             stop_token_ids=list(spec.stop_token_ids) if spec.stop_token_ids else None,
             logprobs=0,  # just the sampled token's logprob
             detokenize=False,
@@ -211,7 +225,8 @@ class VllmEngine:
         """Sample `n` completions for each prompt (token ids in, token ids out), with hidden states.
 
         All prompts x samples go to vLLM as one batch of independent requests, completion (i, j) seeded
-        with `completion_seed(sampling.seed, i, j)`; the result is indexed [prompt][sample].
+        with `completion_seed(sampling.seed, i, j)` (exact sampling: drawn with `sample_seed(sampling.seed,
+        i, j)`, so prompt i must be the task's group i); the result is indexed [prompt][sample].
         """
         if n < 1:
             raise ValueError("n must be >= 1")
@@ -241,7 +256,10 @@ class VllmEngine:
                     engine.add_request(
                         rid,
                         _tokens_input(list(prompt)),
-                        self._sampling_params(sampling, completion_seed(sampling.seed, i, j)),
+                        self._sampling_params(
+                            sampling,
+                            sample_seed(sampling.seed, i, j) if sampling.exact else completion_seed(sampling.seed, i, j),
+                        ),
                     )
                     order[rid] = (i, j)
             while engine.has_unfinished_requests():

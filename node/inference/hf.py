@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     pass
 
 
-from .types import _TORCH_DTYPES, DType, Prefill
+from .types import _TORCH_DTYPES, Completion, DType, Prefill, SamplingSpec
 
 
 class HfPrefill:
@@ -82,6 +82,48 @@ class HfPrefill:
                     )
                 )
         return results
+
+    @torch.inference_mode()
+    def generate_exact(self, prompts: list[list[int]], sampling: SamplingSpec, n: int = 1) -> list[list[Completion]]:
+        """Exact sampling with transformers (no vLLM needed): completion (i, j) drawn token by token with
+        `node.rollout.exact.choose` and `sample_seed(sampling.seed, i, j)`, the same draws as `VllmEngine`
+        makes for an exact `SamplingSpec` up to numerical differences between the two (a near tie can
+        go either way). One sequence at a time, with a KV cache; returns [prompt][sample] completions
+        with their raw logprobs and final-norm hidden states, as `VllmEngine.generate` does."""
+        from ..rollout.checks import SamplingParams
+        from ..rollout.exact import choose, sample_seed
+
+        if not sampling.exact or sampling.temperature <= 0:
+            raise ValueError("generate_exact needs an exact SamplingSpec with a positive temperature")
+        params = SamplingParams(sampling.temperature, sampling.top_p, sampling.top_k, sampling.max_tokens, exact=True)
+        stops = set(sampling.stop_token_ids or ())
+        out: list[list[Completion]] = []
+        for i, prompt in enumerate(prompts):
+            row = []
+            for j in range(n):
+                seed = sample_seed(sampling.seed, i, j)
+                ids = torch.as_tensor([list(prompt)], device=self.device)
+                past: Any = None
+                tokens: list[int] = []
+                logprobs: list[float] = []
+                states: list[torch.Tensor] = []
+                finish = "length"
+                while len(tokens) < sampling.max_tokens:
+                    o = self.model.model(input_ids=ids, past_key_values=past, use_cache=True)
+                    past = o.past_key_values
+                    h = o.last_hidden_state[:, -1]
+                    lp = torch.log_softmax(self.model.lm_head(h).to(torch.float32), dim=-1)
+                    token = int(choose(lp, params, seed, [len(tokens)])[0])
+                    tokens.append(token)
+                    logprobs.append(float(lp[0, token]))
+                    states.append(h[0].to("cpu", torch.float32))
+                    if token in stops:
+                        finish = "stop"
+                        break
+                    ids = torch.as_tensor([[token]], device=self.device)
+                row.append(Completion(list(prompt), tokens, logprobs, finish, torch.stack(states)))
+            out.append(row)
+        return out
 
     @torch.inference_mode()
     def greedy(self, prompt_tokens: Sequence[int], max_tokens: int, eos_token_id: int | None = None) -> list[int]:

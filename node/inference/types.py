@@ -21,7 +21,9 @@ _TORCH_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": t
 
 @dataclass(frozen=True)
 class SamplingSpec:
-    """How to sample. temperature 0 is greedy; top_k -1 disables top-k; seed makes a run repeatable."""
+    """How to sample. temperature 0 is greedy; top_k -1 disables top-k; seed makes a run repeatable.
+    `exact`: seeded Gumbel-max sampling (`node.rollout.exact`), completion (i, j) drawn with
+    `sample_seed(seed, i, j)`: `seed` is then the task's seed and i the problem's group."""
 
     temperature: float
     top_p: float
@@ -29,6 +31,7 @@ class SamplingSpec:
     seed: int
     top_k: int = -1
     stop_token_ids: tuple[int, ...] | None = None
+    exact: bool = False
 
 
 @dataclass

@@ -30,6 +30,7 @@ class Reason(StrEnum):
     TOKEN_OUTSIDE_TOP_P = "token_outside_top_p"
     LOGPROB_MISMATCH = "logprob_mismatch"
     TEMPERATURE_MISMATCH = "temperature_mismatch"
+    REPLAY_MISMATCH = "replay_mismatch"
     BAD_TERMINATION = "bad_termination"
     TOO_LONG = "too_long"
     REWARD_MISMATCH = "reward_mismatch"
@@ -64,6 +65,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = -1
     max_tokens: int = 256
+    exact: bool = False  # seeded Gumbel-max sampling the validator replays (`node.rollout.exact`)
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,14 @@ class SamplingTolerances:
     top_p_slack: float = 0.02
     greedy_logprob_slack: float = 0.05
     temperature_z_max: float = 6.0
+    # exact sampling: how far (raw logprob units) the sampled token may score below the seeded argmax;
+    # 0 means "not calibrated": twice `logprob_max_abs` (both tokens' logprobs may be off by that much)
+    replay_margin: float = 0.0
+
+    @property
+    def margin(self) -> float:
+        """The replay margin in force."""
+        return self.replay_margin if self.replay_margin > 0 else 2.0 * self.logprob_max_abs
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)

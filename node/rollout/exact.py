@@ -1,0 +1,208 @@
+"""Exact sampling: seeded Gumbel-max sampling that a validator replays token by token.
+
+A pool whose task spec sets `sampling.exact` has every completion drawn as
+
+    token_j = argmax over the allowed tokens v of  logits_j[v] / T + g(seed, j, v)
+
+where `seed = sample_seed(task_seed, group, sample)` (the task seed is the coordinator's, never the
+worker's choice), j is the completion position, "allowed" is the top-k and then top-p set of the
+tempered distribution (as vLLM builds it), and g is Gumbel noise made from (seed, j, v) by a
+counter-based hash. Gumbel-max draws exactly from softmax(logits / T) restricted to the allowed set,
+so honest sampling is unchanged in distribution; but each sample is now a function of its seed, so a
+worker cannot keep its best draws, repeat one, re-order them, sample hotter or colder, or edit a token
+without the replay finding the position where the seeded argmax is another token.
+
+Device independence. The noise is built from integer arithmetic (32-bit multiply-xorshift rounds done
+in int64 with no overflow) and a logarithm made of IEEE-exact steps (`frexp`, +, -, *, /, each one
+correctly rounded and done as its own operation), so CPU and CUDA produce bit-identical noise; only the
+model's logits differ between machines, and the replay allows a calibrated margin for that.
+
+Pure functions over tensors (no I/O), shared by the worker's samplers (vLLM, transformers) and the
+validator's check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .checks import Reason, SamplingParams, Verdict
+
+_M32 = 0xFFFFFFFF
+_LN2 = math.log(2.0)
+_SQRT_HALF = math.sqrt(0.5)
+# 1/(2k+1) for the series log(m) = 2 atanh(s) = 2 (s + s^3/3 + s^5/5 + ...), |s| <= 0.1716
+_ATANH = [1.0 / (2 * k + 1) for k in range(11)]
+
+
+def sample_seed(task_seed: int, group: int, sample: int) -> int:
+    """The seed of completion `sample` of problem `group` in a task: 64 bits from the task's seed."""
+    digest = hashlib.sha256(f"intellect-node/exact/1:{task_seed}:{group}:{sample}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2^32 for int64 tensors holding 32-bit values, without int64 overflow (x * c needs 64 bits)."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _M32
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit finaliser (multiply-xorshift, constants of the 'lowbias32' hash) on int64 tensors."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def _mix_int(x: int) -> int:
+    """`_mix` on one Python int."""
+    x &= _M32
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & _M32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def noise_bits(seed: int, positions: Sequence[int], vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[P, V] int64 tensor of 32-bit hash values, one per (position, token id): the raw noise."""
+    s0, s1 = seed & _M32, (seed >> 32) & _M32
+    key = _mix_int(s0 ^ _mix_int(s1 ^ 0x9E3779B9))
+    rows = []
+    tok = torch.arange(vocab, dtype=torch.int64, device=device)
+    for p in positions:
+        k1 = _mix_int(key ^ _mix_int(p ^ 0x85EBCA6B))
+        k2 = _mix_int(k1 ^ 0xC2B2AE35)
+        rows.append(_mix(_mix(tok ^ k1) ^ k2))
+    if not rows:
+        return torch.empty(0, vocab, dtype=torch.int64, device=device)
+    return torch.stack(rows)
+
+
+def _log(x: torch.Tensor) -> torch.Tensor:
+    """Natural log of positive float64 values from IEEE-exact steps only (frexp and single + - * /),
+    so that every device computes the same bits (library `log`s differ in the last place)."""
+    m, e = torch.frexp(x)  # x = m * 2^e, m in [0.5, 1)
+    small = m < _SQRT_HALF
+    m = torch.where(small, m * 2.0, m)  # m in [0.707, 1.414)
+    e = torch.where(small, e - 1, e).to(torch.float64)
+    s = (m - 1.0) / (m + 1.0)
+    z = s * s
+    acc = torch.full_like(z, _ATANH[-1])
+    for c in reversed(_ATANH[:-1]):
+        acc = acc * z
+        acc = acc + c
+    return e * _LN2 + (s * acc) * 2.0
+
+
+def gumbel(seed: int, positions: Sequence[int], vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[P, V] float64 Gumbel(0, 1) noise for `seed` at completion `positions`, identical on every device."""
+    u = (noise_bits(seed, positions, vocab, device).to(torch.float64) + 0.5) * (2.0**-32)  # in (0, 1), exact
+    return -_log(-_log(u))
+
+
+def allowed(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """[P, V] bool: the tokens the sampler may pick from tempered logits `scaled` (= logits / T): the
+    top-k, then the smallest set of those whose renormalised probability reaches top_p (the token that
+    crosses top_p included), as vLLM builds it. Ties at the k-th value are all kept."""
+    keep = torch.ones_like(scaled, dtype=torch.bool)
+    V = scaled.shape[-1]
+    if 0 < top_k < V:
+        kth = torch.topk(scaled, top_k, dim=-1).values[:, -1:]
+        keep &= scaled >= kth
+    if top_p < 1.0:
+        lp = torch.log_softmax(scaled.masked_fill(~keep, -math.inf), dim=-1)
+        sorted_lp, order = torch.sort(lp, dim=-1, descending=True)
+        p = sorted_lp.exp()
+        before = torch.cumsum(p, dim=-1) - p
+        drop = torch.zeros_like(keep).scatter(-1, order, before >= top_p)
+        keep &= ~drop
+    return keep
+
+
+def choose(logits: torch.Tensor, params: SamplingParams, seed: int, positions: Sequence[int]) -> torch.Tensor:
+    """The token the exact sampler draws at each of `positions` from `logits` [P, V] (any float dtype):
+    argmax of logits / T + Gumbel noise over the allowed tokens. Returns [P] int64."""
+    scaled = logits.to(torch.float64) / params.temperature
+    g = gumbel(seed, positions, scaled.shape[-1], scaled.device)
+    score = (scaled + g).masked_fill(~allowed(scaled, params.top_k, params.top_p), -math.inf)
+    return score.argmax(dim=-1)
+
+
+@dataclass(frozen=True)
+class Replay:
+    """How a completion's tokens compare with the seeded argmax at every position, in raw-logprob units:
+    `gap[j]` is how far the best allowed competitor scores above the sampled token (T x score
+    difference; <= 0 when the token is the argmax)."""
+
+    gap: torch.Tensor  # [T] float64
+    best: torch.Tensor  # [T] int64: the validator's seeded argmax
+
+
+def replay(
+    raw_logprobs: torch.Tensor,
+    tokens: Sequence[int],
+    params: SamplingParams,
+    seed: int,
+    margin: float,
+    top_p_slack: float = 0.02,
+) -> Replay:
+    """The validator's replay of one completion from its own prefill rows `raw_logprobs` [T, V]
+    (log-softmax of the raw logits, which differ from logits by a constant per row).
+
+    Near the edges of the allowed set the worker's numbers may differ from ours, so a competitor counts
+    only if it is allowed by a clear margin: inside top-k with its tempered logit `margin / T` above the
+    k-th, and inside top-p with the mass before it below top_p by `top_p_slack`. The sampled token itself
+    is judged by the sampling checks (`check_sampling`), which allow the same slack."""
+    T = len(tokens)
+    scaled = raw_logprobs.to(torch.float64) / params.temperature
+    tok = torch.as_tensor(list(tokens), dtype=torch.long, device=scaled.device)[:, None]
+    g = gumbel(seed, range(T), scaled.shape[-1], scaled.device)
+    score = scaled + g
+    competitors = torch.ones_like(scaled, dtype=torch.bool)
+    V = scaled.shape[-1]
+    if 0 < params.top_k < V:
+        kth = torch.topk(scaled, params.top_k, dim=-1).values[:, -1:]
+        competitors &= scaled >= kth + margin / params.temperature
+    if params.top_p < 1.0:
+        competitors &= allowed(scaled, params.top_k, max(params.top_p - top_p_slack, 1e-9))
+    best_score, best = score.masked_fill(~competitors, -math.inf).max(dim=-1)
+    mine = score.gather(1, tok).squeeze(1)
+    gap = (best_score - mine) * params.temperature
+    return Replay(torch.where(torch.isfinite(gap), gap, torch.full_like(gap, -math.inf)), best)
+
+
+def check_replay(
+    raw_logprobs: torch.Tensor,
+    tokens: Sequence[int],
+    params: SamplingParams,
+    seed: int,
+    margin: float,
+    top_p_slack: float = 0.02,
+) -> Verdict:
+    """Every token is the seeded argmax, up to `margin` (raw-logprob units) for numerical differences
+    between the worker's and the validator's kernels. The verdict names the first failing position,
+    and says whether the worst gap is near the margin (within twice it: a numerical outlier is possible)
+    or far beyond it (no honest sampler gets there)."""
+    if params.temperature <= 0 or not tokens:
+        return Verdict(Reason.OK)
+    r = replay(raw_logprobs, tokens, params, seed, margin, top_p_slack)
+    worst = float(r.gap.max())
+    figures = {"replay_gap_max": worst, "replay_margin": margin}
+    bad = torch.nonzero(r.gap > margin)
+    if not len(bad):
+        return Verdict(Reason.OK, figures=figures)
+    j = int(bad[0])
+    figures |= {"replay_position": float(j), "near_threshold": float(worst <= 2 * margin)}
+    return Verdict(
+        Reason.REPLAY_MISMATCH,
+        f"position {j}: token {int(tokens[j])} is {float(r.gap[j]):.3f} below the seeded draw {int(r.best[j])} "
+        f"({int(len(bad))} of {len(tokens)} positions off by more than {margin})",
+        figures,
+    )
