@@ -258,7 +258,9 @@ class VllmEngine:
                         _tokens_input(list(prompt)),
                         self._sampling_params(
                             sampling,
-                            sample_seed(sampling.seed, i, j) if sampling.exact else completion_seed(sampling.seed, i, j),
+                            sample_seed(sampling.seed, i, j)
+                            if sampling.exact
+                            else completion_seed(sampling.seed, i, j),
                         ),
                     )
                     order[rid] = (i, j)

@@ -21,7 +21,6 @@ from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
 from ..rollout.checks import SamplingParams
 from ..rollout.exact import choose
-
 from .engine import EXACT_KEY as EXTRA_KEY
 
 

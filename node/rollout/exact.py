@@ -203,6 +203,6 @@ def check_replay(
     return Verdict(
         Reason.REPLAY_MISMATCH,
         f"position {j}: token {int(tokens[j])} is {float(r.gap[j]):.3f} below the seeded draw {int(r.best[j])} "
-        f"({int(len(bad))} of {len(tokens)} positions off by more than {margin})",
+        f"({len(bad)} of {len(tokens)} positions off by more than {margin})",
         figures,
     )
