@@ -1,7 +1,9 @@
 """The pool's task spec: the terms every task of the pool is generated and checked under.
 
 A pool's on-chain record holds a URI and the sha256 of a JSON document (model, environment, sampling
-parameters, group size, async level). It is the only source of these terms a validator may trust:
+parameters, group size, async level). `sampling.exact: true` makes every completion a seeded
+Gumbel-max draw that validators replay token by token (`node.rollout.exact`); without it a pool's
+files are checked statistically (a temperature test over the file). It is the only source of these terms a validator may trust:
 the coordinator hands tasks out under them and the validator checks work against them, never against
 what a rollout file's header claims. `parse_spec` is pure; `fetch_spec` reads the bytes from a
 ``file://`` or ``http(s)://`` URI, bounded in size and time, and checks them against the hash.
@@ -24,7 +26,7 @@ from node.errors import IntellectError
 MAX_SPEC_BYTES = 64 * 1024
 ENVIRONMENTS = ("math", "thinking-budget")
 # the sampling keys a spec may set; any other key is refused (a key nobody checks is a key to lie with)
-SAMPLING_KEYS = {"temperature", "top_p", "top_k", "max_tokens"}
+SAMPLING_KEYS = {"temperature", "top_p", "top_k", "max_tokens", "exact"}
 
 
 class TaskSpecError(IntellectError, ValueError):
@@ -50,7 +52,11 @@ class TaskSpec:
 
         s = self.sampling
         return SamplingParams(
-            float(s["temperature"]), float(s.get("top_p", 1.0)), int(s.get("top_k", -1)), int(s["max_tokens"])
+            float(s["temperature"]),
+            float(s.get("top_p", 1.0)),
+            int(s.get("top_k", -1)),
+            int(s["max_tokens"]),
+            bool(s.get("exact", False)),
         )
 
 
@@ -97,6 +103,12 @@ def parse_spec(data: bytes, expected_hash: str | None = None) -> TaskSpec:
         s["top_p"] = _number(sampling["top_p"], "sampling.top_p", 1e-6, 1.0)
     if "top_k" in sampling:
         s["top_k"] = _number(sampling["top_k"], "sampling.top_k", -1, 1 << 20, integer=True)
+    if "exact" in sampling:
+        if not isinstance(sampling["exact"], bool):
+            raise TaskSpecError("task spec: sampling.exact must be true or false")
+        if sampling["exact"] and s["temperature"] == 0:
+            raise TaskSpecError("task spec: sampling.exact needs a positive temperature (greedy decoding is exact)")
+        s["exact"] = sampling["exact"]
     group = _number(obj.get("group_size", 4), "group_size", 1, 64, integer=True)
     level = _number(obj.get("async_level", 2), "async_level", 0, 1000, integer=True)
     known = {"model", "environment", "sampling", "group_size", "async_level", "name"}

@@ -29,6 +29,7 @@ from .rollout.checks import (
     sampling_distribution,
     temperature_test,
 )
+from .rollout.exact import check_replay, sample_seed
 from .rollout.file import RolloutFile, RolloutFormatError, RolloutSample
 from .rollout.intake import check_bounds, check_terms, implausible_repeats
 from .tasks.math import MathEnv, get_env
@@ -214,13 +215,19 @@ class FileChecks:
             # our own probability of the completion, whatever the worker reported: copies are judged
             # by it even when their reported logprobs are lies (inflated to pass the coordinator)
             logq = completion_logq(raw, smp.completion_tokens, self.params)
-            verdict, stats = check_sampling(
-                raw, smp.completion_tokens, smp.logprobs, self.params, self.calibrated.sampling
-            )
+            tol = self.calibrated.sampling
+            verdict, stats = check_sampling(raw, smp.completion_tokens, smp.logprobs, self.params, tol)
+            if verdict.ok and self.params.exact:
+                seed = sample_seed(task_seed, smp.group, smp.sample)
+                replayed = check_replay(raw, smp.completion_tokens, self.params, seed, tol.margin, tol.top_p_slack)
+                verdict = (
+                    replayed if not replayed.ok else Verdict(Reason.OK, figures=verdict.figures | replayed.figures)
+                )
         if verdict.ok:
             problem = self.env.problem(task_seed, smp.group)
             recomputed = self.env.reward(problem, self.decode(smp.completion_tokens), len(smp.completion_tokens))
-            verdict = check_reward(smp.reward, recomputed)
+            reward = check_reward(smp.reward, recomputed)
+            verdict = verdict if reward.ok else reward  # a passing verdict keeps its figures
         return SampleCheck(SampleVerdict(smp.group, smp.sample, verdict, chunks), stats, logq)
 
     def conclude(self, samples: Sequence[RolloutSample], checks: Sequence[SampleCheck]) -> FileVerdict:
@@ -230,7 +237,8 @@ class FileChecks:
         repeat = implausible_repeats(samples, [c.logq for c in checks])
         if repeat is not None:  # the file-level cheat is named first, whatever else its copies got wrong
             first_bad = Verdict(Reason.DUPLICATE_SAMPLES, repeat.detail)
-        if first_bad is None and self.params.temperature > 0:
+        # exact sampling replays every token: a statistical test would only add false positives
+        if first_bad is None and self.params.temperature > 0 and not self.params.exact:
             t = temperature_test([c.stats for c in checks if c.stats is not None], self.calibrated.sampling)
             if not t.ok:
                 first_bad = t

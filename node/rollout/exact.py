@@ -74,15 +74,12 @@ def noise_bits(seed: int, positions: Sequence[int], vocab: int, device: torch.de
     """[P, V] int64 tensor of 32-bit hash values, one per (position, token id): the raw noise."""
     s0, s1 = seed & _M32, (seed >> 32) & _M32
     key = _mix_int(s0 ^ _mix_int(s1 ^ 0x9E3779B9))
-    rows = []
-    tok = torch.arange(vocab, dtype=torch.int64, device=device)
-    for p in positions:
-        k1 = _mix_int(key ^ _mix_int(p ^ 0x85EBCA6B))
-        k2 = _mix_int(k1 ^ 0xC2B2AE35)
-        rows.append(_mix(_mix(tok ^ k1) ^ k2))
-    if not rows:
-        return torch.empty(0, vocab, dtype=torch.int64, device=device)
-    return torch.stack(rows)
+    k1 = [_mix_int(key ^ _mix_int(p ^ 0x85EBCA6B)) for p in positions]
+    k2 = [_mix_int(k ^ 0xC2B2AE35) for k in k1]
+    tok = torch.arange(vocab, dtype=torch.int64, device=device)[None, :]
+    first = torch.tensor(k1, dtype=torch.int64, device=device).reshape(-1, 1)
+    second = torch.tensor(k2, dtype=torch.int64, device=device).reshape(-1, 1)
+    return _mix(_mix(tok ^ first) ^ second)
 
 
 def _log(x: torch.Tensor) -> torch.Tensor:

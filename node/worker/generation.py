@@ -70,12 +70,16 @@ class GenerationMixin:
         problems = env.problems(task.seed, task.prompts)
         s = task.sampling
         temperature = float(s["temperature"]) * (2.0 if self.cfg.cheat == "temperature" else 1.0)
+        exact = bool(s.get("exact", False))
         spec = SamplingSpec(
             temperature=temperature,
             top_p=float(s.get("top_p", 1.0)),
             max_tokens=int(s["max_tokens"]),
-            seed=task.seed % (2**31),
+            # exact sampling draws completion (group, sample) from the task's own seed, as validators replay
+            seed=task.seed if exact else task.seed % (2**31),
+            top_k=int(s.get("top_k", -1)),
             stop_token_ids=tuple(sorted(tools.stop_ids)),
+            exact=exact,
         )
         header = RolloutHeader(
             pool_id=task.pool_id,

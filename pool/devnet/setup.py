@@ -36,7 +36,7 @@ def task_spec(model: str, env: str) -> dict[str, Any]:
         "name": "devnet-arithmetic",
         "model": model,
         "environment": env,
-        "sampling": {"temperature": 1.0, "top_p": 1.0, "max_tokens": DEVNET_MAX_TOKENS},
+        "sampling": {"temperature": 1.0, "top_p": 1.0, "max_tokens": DEVNET_MAX_TOKENS, "exact": True},
         "group_size": 8,
         "async_level": 2,
     }

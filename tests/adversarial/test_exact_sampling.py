@@ -1,0 +1,122 @@
+"""Exact sampling against the cheats the statistical checks could not see: a worker that keeps its best
+draws, repeats one, samples hotter or wider than the task says, or edits a token (with an honest
+logprob, after the last hidden state a proof covers). Real vLLM files on the tiny model (seeded
+Gumbel-max inside vLLM), the validator's real transformers prefill and the pool's real checks; every
+cheat fails with the tampered samples named, and honest files replay with no failure."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from node.inference.tools import model_tools
+from node.rollout.build import build_rollout_file
+from node.rollout.checks import Reason
+from node.rollout.exact import allowed, gumbel, sample_seed
+from node.rollout.file import RolloutFile, RolloutHeader
+from node.tasks.math import get_env
+from node.taskspec import TaskSpec
+from node.verify import Calibrated, FileVerdict, pool_checks, verify_file
+
+SEED = 4242
+PROMPTS = 3
+GROUP = 8
+MAX_TOKENS = 48
+ENV = "math"
+SAMPLING = {"temperature": 1.0, "top_p": 0.95, "max_tokens": MAX_TOKENS, "exact": True}
+
+
+@pytest.fixture(scope="module")
+def checks() -> Any:
+    return pool_checks(TaskSpec("tiny", ENV, SAMPLING), model_tools("tiny"), Calibrated.load("tiny"))
+
+
+def _groups(engine: Any, checks: Any, n: int, **over: Any) -> list[list[Any]]:
+    from node.inference.engine import SamplingSpec
+
+    s = {"temperature": SAMPLING["temperature"], "top_p": SAMPLING["top_p"]} | over
+    spec = SamplingSpec(
+        s["temperature"], s["top_p"], MAX_TOKENS, seed=SEED, stop_token_ids=tuple(sorted(checks.stop_ids)), exact=True
+    )
+    problems = get_env(ENV).problems(SEED, PROMPTS)
+    return engine.generate([checks.encode_prompt(p.prompt) for p in problems], spec, n=n)
+
+
+def _file(groups: list[list[Any]], checks: Any) -> RolloutFile:
+    env = get_env(ENV)
+    header = RolloutHeader(1, "0x" + "ab" * 20, 0, ENV, SEED, dict(SAMPLING), "tiny")
+    f = build_rollout_file(header, env.problems(SEED, PROMPTS), groups, env=env, decode=checks.decode)
+    return RolloutFile.from_bytes(f.to_bytes())
+
+
+def _verify(f: RolloutFile, prefill: Any, checks: Any) -> FileVerdict:
+    def fn(prompt: list[int], completion: list[int]) -> Any:
+        p = prefill.prefill(prompt, completion)
+        return p.hidden, p.logprobs
+
+    return verify_file(f, fn, checks)
+
+
+def _failing(v: FileVerdict) -> dict[tuple[int, int], str]:
+    return {(s.group, s.sample): str(s.verdict.reason) for s in v.samples if not s.verdict.ok}
+
+
+def test_honest_seeded_files_replay_and_the_cheats_fail_by_sample(
+    vllm_engine: Any, hf_prefill: Any, checks: Any
+) -> None:
+    honest_groups = _groups(vllm_engine, checks, GROUP)
+    honest = _verify(_file(honest_groups, checks), hf_prefill, checks)
+    assert honest.ok, honest.to_dict()["verdict"]
+    tokens = sum(len(c.tokens) for g in honest_groups for c in g)
+    gaps = [s.verdict.figures["replay_gap_max"] for s in honest.samples]
+    assert len(gaps) == PROMPTS * GROUP and max(gaps) <= 0.0, gaps  # fp32 engine and prefill: every token is the argmax
+    assert tokens > PROMPTS * GROUP * 8
+
+    # the best 8 of 32 draws per prompt (here: the most likely ones), sent as draws 0..7
+    many = _groups(vllm_engine, checks, 32)
+    picked = [sorted(g, key=lambda c: -sum(c.logprobs))[:GROUP] for g in many]
+    v = _verify(_file(picked, checks), hf_prefill, checks)
+    kept = {
+        (i, j)
+        for i, g in enumerate(many)
+        for j, c in enumerate(g[:GROUP])
+        if c in picked[i] and picked[i].index(c) == j
+    }
+    assert not v.ok and v.verdict.reason is Reason.REPLAY_MISMATCH, v.to_dict()["verdict"]
+    assert set(_failing(v)) == {(i, j) for i in range(PROMPTS) for j in range(GROUP)} - kept
+    assert "position" in next(s.verdict.detail for s in v.samples if not s.verdict.ok)
+
+    # one draw repeated as the whole group
+    dup = _verify(_file([[g[0]] * GROUP for g in honest_groups], checks), hf_prefill, checks)
+    assert not dup.ok
+    assert {k for k, r in _failing(dup).items() if r == Reason.REPLAY_MISMATCH} >= {(0, j) for j in range(1, GROUP)}
+
+    # hotter than the task's temperature, and wider than its top_p
+    hot = _verify(_file(_groups(vllm_engine, checks, GROUP, temperature=1.6), checks), hf_prefill, checks)
+    assert not hot.ok and len(_failing(hot)) >= PROMPTS * GROUP // 2, _failing(hot)
+    wide = _verify(_file(_groups(vllm_engine, checks, GROUP, top_p=1.0), checks), hf_prefill, checks)
+    assert not wide.ok and set(_failing(wide).values()) <= {Reason.TOKEN_OUTSIDE_TOP_P, Reason.REPLAY_MISMATCH}
+
+    # one token edited: the last one of a completion that ran to its length (no hidden state a proof covers
+    # depends on it), with the logprob the model gives the new token, so only the replay can see it
+    f = _file(honest_groups, checks)
+    k, s = next((k, s) for k, s in enumerate(f.samples) if s.finish_reason == "length")
+    toks = list(s.completion_tokens)
+    raw = hf_prefill.prefill(s.prompt_tokens, toks).logprobs[-1]
+    # a token the task's top_p allows (so only the draw is wrong), the one the seed ranks last
+    seed = sample_seed(SEED, s.group, s.sample)
+    score = raw.double() + gumbel(seed, [len(toks) - 1], raw.shape[0])[0]
+    ok = allowed(raw.double()[None], -1, SAMPLING["top_p"] - 0.05)[0]
+    toks[-1] = int(score.masked_fill(~ok, float("inf")).argmin())
+    lps = list(s.logprobs)
+    lps[-1] = float(raw[toks[-1]])
+    edited = RolloutFile(
+        f.header, [*f.samples[:k], dataclasses.replace(s, completion_tokens=toks, logprobs=lps), *f.samples[k + 1 :]]
+    )
+    e = _verify(RolloutFile.from_bytes(edited.to_bytes()), hf_prefill, checks)
+    failing = _failing(e)
+    assert set(failing) == {(s.group, s.sample)}, failing
+    bad = next(x.verdict for x in e.samples if not x.verdict.ok)
+    assert bad.reason is Reason.REPLAY_MISMATCH and bad.detail.startswith(f"position {MAX_TOKENS - 1}:"), bad

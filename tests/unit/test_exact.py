@@ -1,0 +1,131 @@
+"""Exact sampling's pure rules: the seeded noise, the sampler's allowed set and draw, and the replay."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from node.rollout.checks import Reason, SamplingParams, check_sampling, sampling_distribution
+from node.rollout.checks import SamplingTolerances as Tol
+from node.rollout.exact import _log, allowed, check_replay, choose, gumbel, noise_bits, replay, sample_seed
+from node.taskspec import TaskSpecError, parse_spec
+
+
+def test_the_noise_is_pinned() -> None:
+    """Workers and validators of different releases must draw the same noise: these values are the
+    definition (changing them is a protocol change, not a refactor)."""
+    assert sample_seed(7, 0, 0) == sample_seed(7, 0, 0) != sample_seed(7, 0, 1) != sample_seed(7, 1, 0)
+    assert noise_bits(123, [0, 1], 4).tolist() == [
+        [3515475774, 1890704048, 4242890708, 1855466692],
+        [3140711338, 2784051257, 566617168, 14530275],
+    ]
+    bits = noise_bits(2**64 - 1, range(64), 512)
+    assert int(bits.min()) >= 0 and int(bits.max()) < 2**32
+    assert len(set(bits.flatten().tolist())) > 0.99 * bits.numel()  # no short cycles or stuck lanes
+
+
+def test_the_log_is_exact_enough_and_the_noise_is_gumbel() -> None:
+    x = torch.cat([torch.rand(10000, dtype=torch.float64) * 50 + 1e-12, torch.tensor([2.0**-33, 1 - 2.0**-33, 1.0])])
+    assert float(((_log(x) - torch.log(x)).abs() / torch.log(x).abs().clamp_min(1e-300)).max()) < 1e-13
+    g = gumbel(11, range(4000), 256)
+    assert abs(float(g.mean()) - 0.5772156649) < 0.01  # Euler-Mascheroni: the Gumbel(0, 1) mean
+    assert abs(float(g.std()) - math.pi / math.sqrt(6)) < 0.01
+    assert torch.equal(g, gumbel(11, range(4000), 256)) and not torch.equal(g, gumbel(12, range(4000), 256))
+
+
+def test_draws_follow_the_tempered_distribution() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, -3.0]]).repeat(40000, 1)
+    for params in (SamplingParams(0.7), SamplingParams(1.3, top_p=0.8), SamplingParams(1.0, top_k=2)):
+        want = sampling_distribution(torch.log_softmax(logits[:1], -1), params).exp()[0]
+        got = torch.bincount(choose(logits, params, 99, range(40000)), minlength=5).double() / 40000
+        assert float((got - want).abs().max()) < 0.01, (params, got, want)
+
+
+def test_the_allowed_set_is_the_samplers() -> None:
+    scaled = torch.log_softmax(torch.tensor([[3.0, 2.0, 1.0, 0.0]]), -1)
+    p = scaled.exp()[0].tolist()  # about 0.64, 0.24, 0.09, 0.03
+    assert allowed(scaled, -1, 0.5).tolist() == [[True, False, False, False]]
+    assert allowed(scaled, -1, p[0] + 0.01).tolist() == [[True, True, False, False]]  # the crossing token stays
+    assert allowed(scaled, 3, 1.0).tolist() == [[True, True, True, False]]
+    assert allowed(scaled, 2, 0.7).tolist() == [[True, False, False, False]]  # 0.73 of the top 2
+    assert allowed(scaled, 2, 0.8).tolist() == [[True, True, False, False]]
+
+
+@pytest.fixture
+def rows() -> torch.Tensor:
+    torch.manual_seed(0)
+    return torch.log_softmax(torch.randn(48, 300) * 2.5, dim=-1)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.6, top_p=0.9), SamplingParams(1.2, top_k=40)])
+def test_an_honest_completion_replays_and_every_lie_is_found(rows: torch.Tensor, params: SamplingParams) -> None:
+    seed = sample_seed(5, 2, 3)
+    tokens = choose(rows, params, seed, range(len(rows))).tolist()
+    honest = check_replay(rows, tokens, params, seed, 0.1)
+    assert honest.ok and honest.figures["replay_gap_max"] <= 0.0
+
+    # a little numerical noise on the validator's side (another kernel) is within the margin
+    wobble = rows + (torch.rand_like(rows) - 0.5) * 0.02
+    assert check_replay(wobble, tokens, params, seed, 0.1).ok
+
+    edited = list(tokens)
+    edited[17] = (edited[17] + 1) % rows.shape[1]
+    v = check_replay(rows, edited, params, seed, 0.1)
+    assert v.reason is Reason.REPLAY_MISMATCH and v.detail.startswith("position 17:"), v
+
+    other = check_replay(rows, tokens, params, sample_seed(5, 2, 4), 0.1)  # kept under another sample's index
+    assert other.reason is Reason.REPLAY_MISMATCH and other.figures["near_threshold"] == 0.0
+
+    hotter = choose(rows, SamplingParams(params.temperature * 2, params.top_p, params.top_k), seed, range(len(rows)))
+    assert not check_replay(rows, hotter.tolist(), params, seed, 0.1).ok
+
+
+def test_a_top_p_lie_is_found_by_the_support_check_the_replay_leaves_to_it(rows: torch.Tensor) -> None:
+    claimed = SamplingParams(1.0, top_p=0.5)
+    seed = sample_seed(1, 0, 0)
+    wide = choose(rows, SamplingParams(1.0), seed, range(len(rows))).tolist()
+    verdict, _ = check_sampling(
+        rows, wide, rows.gather(1, torch.tensor(wide)[:, None]).squeeze(1).tolist(), claimed, Tol()
+    )
+    assert verdict.reason is Reason.TOKEN_OUTSIDE_TOP_P
+
+
+def test_near_the_edges_of_the_allowed_set_only_clear_competitors_count() -> None:
+    """A competitor the worker's numbers may have left out (just past top-k's k-th value or top-p's
+    mass) cannot fail an honest file: the replay ignores tokens within the margin of either edge."""
+    row = torch.log_softmax(torch.tensor([[5.0, 4.0, 3.0, 2.999]]), -1)
+    params = SamplingParams(1.0, top_k=3)
+    r = replay(row, [0], params, 1, 0.1)
+    assert torch.isfinite(r.gap).all()
+    # whatever the noise, token 3 (a hair below the k-th) is never the competitor that beats the draw
+    for seed in range(200):
+        assert int(replay(row, [0], params, seed, 0.1).best[0]) != 3
+
+
+def test_a_gap_just_past_the_margin_is_reported_as_near_the_threshold(rows: torch.Tensor) -> None:
+    params = SamplingParams(1.0)
+    seed = 3
+    tokens = choose(rows, params, seed, range(len(rows))).tolist()
+    r = replay(rows, tokens, params, seed, 0.0)
+    # push the validator's view of one sampled token down by 0.15: past a 0.1 margin, within twice it
+    shifted = rows.clone()
+    score_gap = 0.15
+    j = 5
+    second = (rows[j] / params.temperature + gumbel(seed, [j], rows.shape[1])[0]).double()
+    second[tokens[j]] = -math.inf
+    margin_now = float((rows[j, tokens[j]] + gumbel(seed, [j], rows.shape[1])[0, tokens[j]]) - second.max())
+    shifted[j, tokens[j]] -= margin_now + score_gap
+    v = check_replay(shifted, tokens, params, seed, 0.1)
+    assert v.reason is Reason.REPLAY_MISMATCH and v.figures["near_threshold"] == 1.0, (v, r.gap[j])
+
+
+def test_specs_say_exact_sampling_plainly() -> None:
+    base = b'{"model": "tiny", "environment": "math", "sampling": {"temperature": 1.0, "max_tokens": 8%s}}'
+    assert parse_spec(base % b', "exact": true').sampling_params().exact
+    assert not parse_spec(base % b"").sampling_params().exact  # pools without it keep the statistical checks
+    with pytest.raises(TaskSpecError, match="true or false"):
+        parse_spec(base % b', "exact": 1')
+    with pytest.raises(TaskSpecError, match="positive temperature"):
+        parse_spec(base.replace(b"1.0", b"0") % b', "exact": true')
