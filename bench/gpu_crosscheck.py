@@ -7,9 +7,13 @@ Two steps, so the GPU machine needs only torch + transformers (not vLLM):
     # on the GPU machine, with the same model folder and crosscheck.pt copied over
     python bench/gpu_crosscheck.py check crosscheck.pt --model-dir DIR [--dtype bfloat16]
 
-`check` prints one JSON line: per-chunk exponent mismatches, mantissa error mean/median and sign
-mismatches (max and mean over chunks), logprob error, and whether the shipped thresholds accept
-every rollout. The figures belong in the README's TOPLOC section.
+The rollouts are drawn by exact sampling (seeded Gumbel-max, `node.rollout.exact`), and `make` also
+saves a block of the exact sampler's noise computed here. `check` prints one JSON line: per-chunk
+exponent mismatches, mantissa error mean/median and sign mismatches (max and mean over chunks), logprob
+error, whether the shipped thresholds accept every rollout, whether the noise recomputed on the check's
+device is bit-identical to this CPU's (`noise_identical`), and the replay of every sampled token from
+the check's own logits (`replay_failures`, `replay_gap_max`, over `replay_tokens`). The figures belong
+in the README's TOPLOC and exact-sampling sections.
 """
 
 from __future__ import annotations
@@ -26,25 +30,38 @@ def make(args: argparse.Namespace) -> None:
 
     from node.inference.engine import SamplingSpec, VllmEngine
     from node.inference.tools import model_tools
+    from node.rollout.exact import gumbel, noise_bits, sample_seed
     from node.tasks.math import MathEnv
     from node.toploc import build_proofs
 
     tools = model_tools(args.model)
     model_dir, encode = tools.path, tools.encode
     prompts = [encode(p.prompt) for p in MathEnv().problems(3, args.prompts)]
+    spec = SamplingSpec(1.0, 1.0, args.max_tokens, 3, stop_token_ids=tuple(sorted(tools.stop_ids)), exact=True)
     with VllmEngine(model_dir, dtype="float32") as engine:
-        groups = engine.generate(prompts, SamplingSpec(1.0, 1.0, args.max_tokens, 3), n=2)
+        groups = engine.generate(prompts, spec, n=2)
     rows = [
-        {"prompt": c.prompt_tokens, "tokens": c.tokens, "logprobs": c.logprobs, "proofs": build_proofs(c.hidden)}
-        for g in groups
-        for c in g
+        {
+            "prompt": c.prompt_tokens,
+            "tokens": c.tokens,
+            "logprobs": c.logprobs,
+            "proofs": build_proofs(c.hidden),
+            "seed": sample_seed(spec.seed, i, j),
+        }
+        for i, g in enumerate(groups)
+        for j, c in enumerate(g)
     ]
-    torch.save({"model": args.model, "rows": rows}, args.out)
+    noise = {"seed": 2**63 + 12345, "positions": list(range(0, 4096, 97)), "vocab": tools.vocab_size}
+    noise["bits"] = noise_bits(noise["seed"], noise["positions"], noise["vocab"])
+    noise["gumbel"] = gumbel(noise["seed"], noise["positions"], noise["vocab"])
+    torch.save({"model": args.model, "rows": rows, "noise": noise, "top_p": spec.top_p}, args.out)
     print(f"saved {len(rows)} proved rollouts to {args.out}; model folder: {model_dir}", file=sys.stderr)
 
 
 def check(args: argparse.Namespace) -> None:
     from node.inference.engine import HfPrefill
+    from node.rollout.checks import SamplingParams
+    from node.rollout.exact import gumbel, noise_bits, replay
     from node.toploc import verify_proofs
     from node.verify import Calibrated
 
@@ -52,9 +69,19 @@ def check(args: argparse.Namespace) -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     prefill = HfPrefill(args.model_dir, dtype=args.dtype, device=device)
     cal = Calibrated.load(args.thresholds or data["model"])
-    chunks, lp_err, accepted = [], 0.0, 0
+    n = data["noise"]
+    bits = noise_bits(n["seed"], n["positions"], n["vocab"], device).cpu()
+    g = gumbel(n["seed"], n["positions"], n["vocab"], device).cpu()
+    noise_identical = bool(torch.equal(bits, n["bits"]) and torch.equal(g, n["gumbel"]))
+    params = SamplingParams(1.0, data.get("top_p", 1.0), exact=True)
+    margin = cal.sampling.margin
+    chunks, lp_err, accepted, replay_failures, replay_tokens, gap_max = [], 0.0, 0, 0, 0, -float("inf")
     for r in data["rows"]:
         p = prefill.prefill(r["prompt"], r["tokens"])
+        gap = replay(p.logprobs.to(device), r["tokens"], params, r["seed"], margin).gap.cpu()
+        replay_failures += int((gap > margin).sum())
+        replay_tokens += len(r["tokens"])
+        gap_max = max(gap_max, float(gap.max()))
         checks = verify_proofs(p.hidden, r["proofs"])
         chunks += checks
         err = float((p.token_logprobs(r["tokens"]) - torch.tensor(r["logprobs"])).abs().max())
@@ -73,6 +100,12 @@ def check(args: argparse.Namespace) -> None:
         "sign_mismatches_max": max(c.sign_mismatches for c in chunks),
         "logprob_err_max": lp_err,
         "accepted_by_shipped_thresholds": accepted,
+        "noise_identical": noise_identical,
+        "noise_values": int(bits.numel()),
+        "replay_tokens": replay_tokens,
+        "replay_failures": replay_failures,
+        "replay_gap_max": gap_max,
+        "replay_margin": margin,
     }
     print(json.dumps(out))
 
