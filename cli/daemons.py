@@ -122,6 +122,14 @@ def _confirm(question: str) -> bool:
     default="",
     help="HOST:PORT to also serve policy checkpoints as a relay of the weight broadcast ('' : no relay).",
 )
+@click.option(
+    "--self-check",
+    type=click.FloatRange(0, 1),
+    default=0.0,
+    show_default=True,
+    help="Run every check a validator runs on the first rollout and on this share of the others before "
+    "submitting them; stop if one fails (finds a broken GPU or driver before it costs stake).",
+)
 @click.option("--rpc-wait", type=float, default=60.0, hidden=True, help="Seconds to retry an unreachable RPC at start.")
 @click.option(
     "--connect-wait", type=float, default=120.0, hidden=True, help="Seconds to retry an unreachable coordinator."
@@ -141,6 +149,7 @@ def join_command(
     metrics_at: str,
     yes: bool,
     relay_at: str,
+    self_check: float,
     rpc_wait: float,
     connect_wait: float,
     verbose: bool,
@@ -166,6 +175,7 @@ def join_command(
         cheat=cheat,
         rpc_wait=rpc_wait,
         connect_wait=connect_wait,
+        self_check=self_check,
     )
     relay = _host_port(relay_at)
     if relay is not None:

@@ -69,7 +69,7 @@ def toploc_calibrate(
     summary = [
         f"{model}: exponent mismatches <= {t.exp_mismatch_max}, mantissa error mean <= {t.mant_err_mean_max}, "
         f"median <= {t.mant_err_median_max}, sign mismatches <= {t.sign_mismatch_max}; "
-        f"logprob error <= {result.sampling.logprob_max_abs}",
+        f"logprob error <= {result.sampling.logprob_max_abs}; exact-sampling replay margin {result.sampling.margin}",
     ]
     if out:
         summary.append(f"written to {out}")

@@ -6,6 +6,11 @@ fp8-rounded weights, another system prompt, one changed prompt token, another mo
 spliced in) must all fail. Thresholds are the honest maxima plus a margin, kept below the tampered
 minima; the run fails loudly if no such thresholds exist.
 
+Every rollout is drawn by exact sampling (seeded Gumbel-max), so the same run measures the replay's
+numerical gaps: how far, in raw logprob, an honest token scored below the validator's seeded argmax.
+The replay margin is their honest maximum with the same headroom, and the report gives each case's
+token count and how many tokens the chosen margin would fail (the measured false-positive count).
+
 Generation runs in child processes (one vLLM engine per process and per weight set); verification
 runs here with transformers.
 """
@@ -44,7 +49,7 @@ TAMPERED = (
 METRICS = ("exp_mismatches", "mant_err_mean", "mant_err_median", "sign_mismatches")
 # The logprob error of the sampled tokens (a sampling check) separates what TOPLOC alone may not:
 # on a 135M model, weights with 1 % noise stay within bf16 TOPLOC noise but not within its logprobs.
-ALL_METRICS = (*METRICS, "logprob_err")
+ALL_METRICS = (*METRICS, "logprob_err", "replay_gap")
 
 
 @dataclass(frozen=True)
@@ -127,7 +132,11 @@ def _generate_jobs(spec_path: str, out_path: str) -> None:
 
     spec = json.loads(Path(spec_path).read_text())
     s = spec["sampling"]
-    sampling = SamplingSpec(temperature=s["temperature"], top_p=1.0, max_tokens=s["max_tokens"], seed=s["seed"])
+    from .rollout.exact import sample_seed
+
+    sampling = SamplingSpec(
+        temperature=s["temperature"], top_p=1.0, max_tokens=s["max_tokens"], seed=s["seed"], exact=True
+    )
     records: list[dict[str, Any]] = []
     with VllmEngine(spec["model_dir"], dtype=spec["dtype"], seed=s["seed"]) as engine:
         for job in spec["jobs"]:
@@ -137,11 +146,13 @@ def _generate_jobs(spec_path: str, out_path: str) -> None:
             else:
                 groups = [engine.generate([p], sampling, n=spec["samples"])[0] for p in gen]
             for i, group in enumerate(groups):
-                for c in group:
+                for j, c in enumerate(group):
                     records.append(
                         {
                             "job": job["name"],
                             "group": i,
+                            # one prompt per call in the batch-1 jobs: each is group 0 of its call
+                            "seed": sample_seed(s["seed"], i if job["batch"] == "all" else 0, j),
                             "prompt": claimed[i],
                             "tokens": c.tokens,
                             "logprobs": c.logprobs,
@@ -196,10 +207,18 @@ def _rejected(worst: dict[str, float], thr: Thresholds, tol: SamplingTolerances)
         or worst["mant_err_median"] > thr.mant_err_median_max
         or worst["sign_mismatches"] > thr.sign_mismatch_max
         or worst["logprob_err"] > tol.logprob_max_abs
+        or worst["replay_gap"] > tol.margin
     )
 
 
-_SLACK = {"exp_mismatches": 2, "mant_err_mean": 0.5, "mant_err_median": 0.5, "sign_mismatches": 1, "logprob_err": 0.01}
+_SLACK = {
+    "exp_mismatches": 2,
+    "mant_err_mean": 0.5,
+    "mant_err_median": 0.5,
+    "sign_mismatches": 1,
+    "logprob_err": 0.01,
+    "replay_gap": 0.01,
+}
 
 
 def _build(v: dict[str, float]) -> tuple[Thresholds, SamplingTolerances]:
@@ -210,7 +229,9 @@ def _build(v: dict[str, float]) -> tuple[Thresholds, SamplingTolerances]:
             mant_err_median_max=round(v["mant_err_median"], 3),
             sign_mismatch_max=int(v["sign_mismatches"]),
         ),
-        SamplingTolerances(logprob_max_abs=round(v["logprob_err"], 5)),
+        SamplingTolerances(
+            logprob_max_abs=round(v["logprob_err"], 5), replay_margin=round(max(v["replay_gap"], 0.01), 5)
+        ),
     )
 
 
@@ -272,9 +293,14 @@ def _generate_all(
 
 def measure(
     cfg: CalibrationConfig, progress: Callable[[str], None] = print, cache: Path | None = None
-) -> dict[str, list[dict[str, float]]]:
-    """Generate every honest and tampered case and measure each rollout's worst chunk and logprob error."""
+) -> dict[str, list[dict[str, Any]]]:
+    """Generate every honest and tampered case and measure each rollout's worst chunk, logprob error and
+    replay gap (with every token's gap, for the false-positive count)."""
     from .inference.engine import HfPrefill
+    from .rollout.checks import SamplingParams
+    from .rollout.exact import replay
+
+    params = SamplingParams(cfg.temperature, exact=True)
     from .inference.tools import model_tools
     from .tasks.math import MathEnv
 
@@ -290,7 +316,7 @@ def measure(
         p[j] = (p[j] + 7) % tools.tokenizer_size  # an id the tokenizer has
     progress(f"calibrating {cfg.model}: {cfg.prompts} prompts x {cfg.samples} samples, {cfg.max_tokens} tokens")
     cached = (
-        cache / f"{cfg.model.replace('/', '_')}-{cfg.prompts}-{cfg.samples}-{cfg.max_tokens}-{cfg.seed}.pt"
+        cache / f"{cfg.model.replace('/', '_')}-{cfg.prompts}-{cfg.samples}-{cfg.max_tokens}-{cfg.seed}-exact.pt"
         if cache
         else None
     )
@@ -325,20 +351,24 @@ def measure(
         )
 
     validators = {"hf_fp32": HfPrefill(model_dir, dtype="float32"), "hf_bf16": HfPrefill(model_dir, dtype="bfloat16")}
-    per_case: dict[str, list[dict[str, float]]] = {}
+    per_case: dict[str, list[dict[str, Any]]] = {}
     for vname, v in validators.items():
         pre = v.prefill_many([(r["prompt"], r["tokens"]) for r in records])
         for r, p in zip(records, pre, strict=True):
             worst = _worst(_chunk_figures(r["hidden"], p.hidden))
             mine = p.token_logprobs(r["tokens"]).double()
             worst["logprob_err"] = float((mine - torch.tensor(r["logprobs"], dtype=torch.float64)).abs().max())
+            gap = replay(p.logprobs, r["tokens"], params, r["seed"], 0.0).gap
+            worst["replay_gap"] = max(float(gap.max()), 0.0) if len(gap) else 0.0
+            worst["tokens"] = float(len(r["tokens"]))
+            worst["replay_gaps"] = gap.tolist()
             per_case.setdefault(f"{r['job']}@{vname}", []).append(worst)
     progress(f"  verified {len(records)} rollouts with fp32 and bf16 prefills ({time.monotonic() - started:.0f} s)")
     return per_case
 
 
 def evaluate(
-    per_case: dict[str, list[dict[str, float]]], thr: Thresholds, tol: SamplingTolerances
+    per_case: dict[str, list[dict[str, Any]]], thr: Thresholds, tol: SamplingTolerances
 ) -> tuple[dict[str, Any], list[str]]:
     """Per case: how many rollouts the thresholds reject, and the figures' ranges; plus every
     honest rollout rejected or tampered rollout accepted, as failures."""
@@ -347,10 +377,13 @@ def evaluate(
     for case, ws in sorted(per_case.items()):
         job = case.split("@")[0]
         rejected = sum(_rejected(w, thr, tol) for w in ws)
-        loose = SamplingTolerances(logprob_max_abs=float("inf"))
+        loose = SamplingTolerances(logprob_max_abs=float("inf"), replay_margin=float("inf"))
         cases[case] = {
             "kind": "honest" if job in HONEST else "tampered",
             "rollouts": len(ws),
+            "tokens": int(sum(w.get("tokens", 0) for w in ws)),
+            # tokens whose replay gap the chosen margin fails (for honest cases: the false positives)
+            "replay_failed_tokens": sum(g > tol.margin for w in ws for g in w.get("replay_gaps", [])),
             "rejected": rejected,
             "by_toploc": sum(_rejected(w, thr, loose) for w in ws),
             "max": {m: max(w[m] for w in ws) for m in ALL_METRICS},
@@ -363,7 +396,7 @@ def evaluate(
     return cases, failures
 
 
-def for_precision(per_case: dict[str, list[dict[str, float]]], precision: str) -> dict[str, list[dict[str, float]]]:
+def for_precision(per_case: dict[str, list[dict[str, Any]]], precision: str) -> dict[str, list[dict[str, Any]]]:
     """The cases that matter for a pool that mandates `precision` ("any", "fp32" or "bf16")."""
     if precision == "any":
         return per_case

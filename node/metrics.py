@@ -55,6 +55,9 @@ class Metrics:
         self.rollouts_uploaded = Counter("intellect_rollouts_uploaded", "Rollouts uploaded.", registry=r)
         self.tokens_generated = Counter("intellect_tokens_generated", "Completion tokens generated.", registry=r)
         self.proofs_built = Counter("intellect_proofs_built", "TOPLOC proofs built.", registry=r)
+        self.self_checks = Counter(
+            "intellect_self_checks", "Own rollouts run through the validators' checks before submitting.", registry=r
+        )
         # validator / coordinator
         self.rollouts_accepted = Counter("intellect_rollouts_accepted", "Rollouts accepted.", registry=r)
         self.rollouts_rejected = Counter(

@@ -44,7 +44,7 @@ DEFAULT_SPEC = {
     "name": "test",
     "model": "tiny",
     "environment": "math",
-    "sampling": {"temperature": 1.0, "top_p": 1.0, "max_tokens": 64, "exact": True},
+    "sampling": {"temperature": 1.0, "top_p": 1.0, "max_tokens": 64},
     "group_size": 4,
     "async_level": 2,
 }

@@ -80,6 +80,7 @@ class WorkerConfig:
     policy_wait: float = 300.0
     fresh_wait: float = 20.0
     outage_max_delay: float = 60.0  # longest back-off between tries while the coordinator is down
+    self_check: float = 0.0  # share of our rollouts we run the validators' checks on before submitting
 
 
 class Worker(JoiningMixin, GenerationMixin, AccusationsMixin):
@@ -113,6 +114,7 @@ class Worker(JoiningMixin, GenerationMixin, AccusationsMixin):
         self.last_error = ""
         self.book = PolicyBook()
         self._checker: PoolFileCheck | None = None
+        self.self_checked = 0  # rollouts `guard` ran the validators' checks on
         self.loaded_version = 0
         self.downloaded: dict[int, Path] = {}
         self.phase_started_work = False  # set once joined: from then on the worker waits out outages
@@ -240,6 +242,7 @@ class Worker(JoiningMixin, GenerationMixin, AccusationsMixin):
                 log.warning("%s; asking for work again in 30 s", exc)
                 await trio.sleep(30.0)
                 continue
+            await self.guard(data)
             key = work_key(data)
             path = self.cfg.data_dir / "rollouts" / f"{key[2:]}.parquet"
             await write_file_when_room(path, data, self._disk_full)

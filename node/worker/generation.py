@@ -5,6 +5,7 @@ from. A mixin of `Worker`."""
 from __future__ import annotations
 
 import logging
+import random
 import time
 from dataclasses import replace
 from typing import Any
@@ -24,6 +25,11 @@ log = logging.getLogger("intellect.worker")
 
 class PolicyUnavailable(IntellectError):
     """No checkpoint a task allows could be fetched in time; the worker asks for work again later."""
+
+
+class SelfCheckFailed(IntellectError):
+    """A rollout this machine just made fails the pool's validators' own checks: submitting it would be
+    invalidated and slashed, so the worker stops first."""
 
 
 class GenerationMixin:
@@ -109,6 +115,34 @@ class GenerationMixin:
             return f.to_bytes()
 
         return await trio.to_thread.run_sync(work)
+
+    async def guard(self, data: bytes) -> None:
+        """`join --self-check RATE`: run every check a validator runs (`_model_check`) on our first
+        rollout and on about RATE of the others, before they are submitted; stop with the reason if one
+        fails (a broken GPU, driver or engine is found before it costs stake)."""
+        rate = float(self.cfg.self_check)
+        if rate <= 0 or (self.self_checked and random.random() >= rate):
+            return
+        self.phase = "checking our own rollout as the validators will"
+        verdict = await self._model_check(data)  # type: ignore[attr-defined]
+        self.self_checked += 1
+        self._count("self_checks")  # type: ignore[attr-defined]
+        if verdict is None:
+            log.warning("self-check skipped: the weights of the rollout's policy version cannot be had yet")
+            return
+        if not verdict["ok"]:
+            v = verdict["verdict"]
+            failing = [
+                f"group {x['group']} sample {x['sample']}" for x in verdict.get("samples", []) if x["reason"] != "ok"
+            ]
+            raise SelfCheckFailed(
+                f"a rollout this machine just made fails the pool's checks: {v['reason']} ({str(v.get('detail', ''))[:200]})"
+                + (f" in {', '.join(failing[:4])}" if failing else "")
+                + "; it was not submitted",
+                "validators would invalidate it and slash the stake: check this machine's GPU, driver and engine "
+                "(`intellect-node rollout verify` runs the same checks on a file)",
+            )
+        log.info("self-check: our rollout passes every check a validator runs")
 
     async def _start_relay(self, nursery: trio.Nursery) -> None:
         from ..weights.serve import serve_weights
