@@ -1,9 +1,12 @@
 """TOPLOC costs on this machine, measured in one run with the tiny model (or --model).
 
 Prints: proof bytes per 32 generated tokens; proof building time as a fraction of (batched)
-generation time; and the validator's prefill speed over the same tokens relative to generation
+generation time; the validator's prefill speed over the same tokens relative to generation
 speed: per sequence (decoding one sequence token by token vs one prefill over it, the TOPLOC
-claim) and batched (vLLM's batched throughput vs batched prefill). Ends with one JSON line.
+claim) and batched (vLLM's batched throughput vs batched prefill); and the validator's whole cost
+per token (batched prefill, TOPLOC, the sampling checks and the exact-sampling replay) against the
+worker's batched generation with exact sampling (`validation_cost_vs_generation`, target <= 0.1).
+Ends with one JSON line.
 
     .venv/bin/python bench/toploc.py [--model tiny] [--prompts 16] [--samples 4] [--max-tokens 128]
 """
@@ -23,6 +26,8 @@ import torch
 from node.inference.engine import HfPrefill, SamplingSpec, VllmEngine
 from node.inference.models import ensure_model
 from node.inference.tools import model_tools
+from node.rollout.checks import SamplingParams, SamplingTolerances, check_sampling
+from node.rollout.exact import check_replay, sample_seed
 from node.tasks.math import MathEnv
 from node.toploc import build_proofs, verify_proofs
 
@@ -35,7 +40,7 @@ def generate(args: argparse.Namespace) -> None:
     tools = model_tools(args.model)
     model_dir, encode = tools.path, tools.encode
     prompts = [encode(p.prompt) for p in MathEnv().problems(1, args.prompts)]
-    sampling = SamplingSpec(temperature=1.0, top_p=1.0, max_tokens=args.max_tokens, seed=1)
+    sampling = SamplingSpec(temperature=1.0, top_p=1.0, max_tokens=args.max_tokens, seed=1, exact=True)
     with VllmEngine(model_dir, dtype="float32") as engine:
         engine.generate(prompts[:2], SamplingSpec(1.0, 1.0, 8, 0))  # warm-up
         t0 = time.perf_counter()
@@ -45,7 +50,10 @@ def generate(args: argparse.Namespace) -> None:
         singles = [engine.generate([p], sampling, n=1)[0][0] for p in prompts[: args.singles]]
         single_s = time.perf_counter() - t0
     rows = [c for g in groups for c in g]
-    torch.save({"batched": rows, "batched_s": batched_s, "singles": singles, "single_s": single_s}, args.child)
+    seeds = [sample_seed(1, i, j) for i, g in enumerate(groups) for j in range(len(g))]
+    torch.save(
+        {"batched": rows, "seeds": seeds, "batched_s": batched_s, "singles": singles, "single_s": single_s}, args.child
+    )
 
 
 def main(args: argparse.Namespace) -> dict[str, float]:
@@ -91,6 +99,13 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     t0 = time.perf_counter()
     worst = max(ch.exp_mismatches for p, pr in zip(pre, proofs, strict=True) for ch in verify_proofs(p.hidden, pr))
     verify_s = time.perf_counter() - t0
+    params, tol = SamplingParams(1.0, max_tokens=args.max_tokens, exact=True), SamplingTolerances()
+    t0 = time.perf_counter()
+    failed = 0
+    for c, p, seed in zip(completions, pre, gen["seeds"], strict=True):
+        v, _ = check_sampling(p.logprobs, c.tokens, c.logprobs, params, tol)
+        failed += not (v.ok and check_replay(p.logprobs, c.tokens, params, seed, tol.margin).ok)
+    checks_s = time.perf_counter() - t0
 
     return {
         "model": args.model,
@@ -107,6 +122,9 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         "prefill_vs_generation_speed": gen["single_s"] / prefill_single_s,
         "verify_ms_per_chunk": 1e3 * verify_s / n_proofs,
         "honest_worst_exp_mismatches": worst,
+        "sampling_and_replay_ms_per_token": 1e3 * checks_s / tokens,
+        "validation_cost_vs_generation": (prefill_s + verify_s + checks_s) / gen["batched_s"],
+        "honest_completions_failed": failed,
     }
 
 
