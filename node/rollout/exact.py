@@ -70,16 +70,30 @@ def _mix_int(x: int) -> int:
     return x ^ (x >> 16)
 
 
-def noise_bits(seed: int, positions: Sequence[int], vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """[P, V] int64 tensor of 32-bit hash values, one per (position, token id): the raw noise."""
+def _position_keys(seed: int, positions: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The two 32-bit keys of each position under `seed` (Python ints: cheap, once per position)."""
     s0, s1 = seed & _M32, (seed >> 32) & _M32
     key = _mix_int(s0 ^ _mix_int(s1 ^ 0x9E3779B9))
     k1 = [_mix_int(key ^ _mix_int(p ^ 0x85EBCA6B)) for p in positions]
-    k2 = [_mix_int(k ^ 0xC2B2AE35) for k in k1]
+    return k1, [_mix_int(k ^ 0xC2B2AE35) for k in k1]
+
+
+def noise_bits(seed: int, positions: Sequence[int], vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[P, V] int64 tensor of 32-bit hash values, one per (position, token id): the raw noise."""
+    k1, k2 = _position_keys(seed, positions)
     tok = torch.arange(vocab, dtype=torch.int64, device=device)[None, :]
     first = torch.tensor(k1, dtype=torch.int64, device=device).reshape(-1, 1)
     second = torch.tensor(k2, dtype=torch.int64, device=device).reshape(-1, 1)
     return _mix(_mix(tok ^ first) ^ second)
+
+
+def noise_bits_at(seed: int, rows: torch.Tensor, tokens: torch.Tensor, positions: Sequence[int]) -> torch.Tensor:
+    """The same values as `noise_bits` at chosen (position, token) pairs only: `rows` indexes
+    `positions`, `tokens` are token ids (int64 tensors of one shape)."""
+    k1, k2 = _position_keys(seed, positions)
+    first = torch.tensor(k1, dtype=torch.int64, device=tokens.device)[rows]
+    second = torch.tensor(k2, dtype=torch.int64, device=tokens.device)[rows]
+    return _mix(_mix(tokens ^ first) ^ second)
 
 
 def _log(x: torch.Tensor) -> torch.Tensor:
@@ -98,10 +112,19 @@ def _log(x: torch.Tensor) -> torch.Tensor:
     return e * _LN2 + (s * acc) * 2.0
 
 
+def _to_gumbel(bits: torch.Tensor) -> torch.Tensor:
+    u = (bits.to(torch.float64) + 0.5) * (2.0**-32)  # in (0, 1), exact
+    return -_log(-_log(u))
+
+
 def gumbel(seed: int, positions: Sequence[int], vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """[P, V] float64 Gumbel(0, 1) noise for `seed` at completion `positions`, identical on every device."""
-    u = (noise_bits(seed, positions, vocab, device).to(torch.float64) + 0.5) * (2.0**-32)  # in (0, 1), exact
-    return -_log(-_log(u))
+    return _to_gumbel(noise_bits(seed, positions, vocab, device))
+
+
+# The largest noise value there is (32-bit u at most 1 - 2^-33): no token's score exceeds its tempered
+# logit by more, which lets the replay skip tokens that cannot come near the sampled one.
+G_MAX = float(_to_gumbel(torch.tensor([_M32], dtype=torch.int64))[0])
 
 
 def allowed(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -136,7 +159,8 @@ def choose(logits: torch.Tensor, params: SamplingParams, seed: int, positions: S
 class Replay:
     """How a completion's tokens compare with the seeded argmax at every position, in raw-logprob units:
     `gap[j]` is how far the best allowed competitor scores above the sampled token (T x score
-    difference; <= 0 when the token is the argmax)."""
+    difference; <= 0 when the token is the argmax; -inf when no competitor can come near it, and
+    `best[j]` is then meaningless)."""
 
     gap: torch.Tensor  # [T] float64
     best: torch.Tensor  # [T] int64: the validator's seeded argmax
@@ -159,9 +183,10 @@ def replay(
     is judged by the sampling checks (`check_sampling`), which allow the same slack."""
     T = len(tokens)
     scaled = raw_logprobs.to(torch.float64) / params.temperature
-    tok = torch.as_tensor(list(tokens), dtype=torch.long, device=scaled.device)[:, None]
-    g = gumbel(seed, range(T), scaled.shape[-1], scaled.device)
-    score = scaled + g
+    device = scaled.device
+    tok = torch.as_tensor(list(tokens), dtype=torch.long, device=device)
+    rows = torch.arange(T, device=device)
+    mine = scaled[rows, tok] + _to_gumbel(noise_bits_at(seed, rows, tok, range(T)))
     competitors = torch.ones_like(scaled, dtype=torch.bool)
     V = scaled.shape[-1]
     if 0 < params.top_k < V:
@@ -169,8 +194,13 @@ def replay(
         competitors &= scaled >= kth + margin / params.temperature
     if params.top_p < 1.0:
         competitors &= allowed(scaled, params.top_k, max(params.top_p - top_p_slack, 1e-9))
-    best_score, best = score.masked_fill(~competitors, -math.inf).max(dim=-1)
-    mine = score.gather(1, tok).squeeze(1)
+    # only tokens whose score could reach the sampled one's need their noise: with a real vocabulary
+    # (100k+ ids) a handful per position, not all of them
+    reach = competitors & (scaled + G_MAX >= mine[:, None])
+    r, v = torch.nonzero(reach, as_tuple=True)
+    score = torch.full_like(scaled, -math.inf)
+    score[r, v] = scaled[r, v] + _to_gumbel(noise_bits_at(seed, r, v, range(T)))
+    best_score, best = score.max(dim=-1)
     gap = (best_score - mine) * params.temperature
     return Replay(torch.where(torch.isfinite(gap), gap, torch.full_like(gap, -math.inf)), best)
 

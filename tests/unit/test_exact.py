@@ -9,7 +9,18 @@ import torch
 
 from node.rollout.checks import Reason, SamplingParams, check_sampling, sampling_distribution
 from node.rollout.checks import SamplingTolerances as Tol
-from node.rollout.exact import _log, allowed, check_replay, choose, gumbel, noise_bits, replay, sample_seed
+from node.rollout.exact import (
+    G_MAX,
+    _log,
+    allowed,
+    check_replay,
+    choose,
+    gumbel,
+    noise_bits,
+    noise_bits_at,
+    replay,
+    sample_seed,
+)
 from node.taskspec import TaskSpecError, parse_spec
 
 
@@ -129,3 +140,25 @@ def test_specs_say_exact_sampling_plainly() -> None:
         parse_spec(base % b', "exact": 1')
     with pytest.raises(TaskSpecError, match="positive temperature"):
         parse_spec(base.replace(b"1.0", b"0") % b', "exact": true')
+
+
+def test_the_replay_skips_only_tokens_that_cannot_reach_the_draw(rows: torch.Tensor) -> None:
+    """The replay computes noise only for tokens whose score could come near the sampled one's; its gaps
+    are the brute-force ones (every token's noise) wherever a competitor is within reach."""
+    assert float(gumbel(1, [0], 1).max()) < G_MAX < 23.0
+    pos, tok = torch.tensor([3, 0, 7]), torch.tensor([5, 299, 0])
+    assert noise_bits_at(9, pos, tok, range(8)).tolist() == noise_bits(9, range(8), 300)[pos, tok].tolist()
+    for params in (SamplingParams(1.0), SamplingParams(0.5, top_k=30), SamplingParams(2.0, top_p=0.8)):
+        seed = 17
+        tokens = choose(rows + 0.3 * torch.randn_like(rows), params, seed, range(len(rows))).tolist()  # some off
+        r = replay(rows, tokens, params, seed, 0.1)
+        scaled = rows.double() / params.temperature
+        score = scaled + gumbel(seed, range(len(rows)), rows.shape[1])
+        competitors = allowed(scaled, -1, params.top_p - 0.02) if params.top_p < 1 else scaled == scaled
+        if params.top_k > 0:
+            competitors &= scaled >= torch.topk(scaled, params.top_k, -1).values[:, -1:] + 0.1 / params.temperature
+        brute = score.masked_fill(~competitors, -math.inf).max(-1).values - score[range(len(rows)), tokens]
+        brute = brute * params.temperature
+        near = torch.isfinite(r.gap)
+        assert torch.allclose(r.gap[near], brute[near]) and bool((brute[~near] < 0).all()), params
+        assert bool((r.gap > 0.1).any())  # the perturbed draws really are off somewhere
