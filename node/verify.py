@@ -238,6 +238,13 @@ class FileChecks:
         if repeat is not None:  # the file-level cheat is named first, whatever else its copies got wrong
             first_bad = Verdict(Reason.DUPLICATE_SAMPLES, repeat.detail)
         # exact sampling replays every token: a statistical test would only add false positives
+        if first_bad is not None and first_bad.reason is Reason.REPLAY_MISMATCH and repeat is None:
+            failed = [c.verdict.verdict for c in checks if not c.verdict.verdict.ok]
+            near = all(v.reason is Reason.REPLAY_MISMATCH and v.figures.get("near_threshold") == 1.0 for v in failed)
+            note = " (every failure near the margin: a numerical outlier is possible)" if near else ""
+            first_bad = Verdict(
+                first_bad.reason, first_bad.detail + note, first_bad.figures | {"near_threshold": float(near)}
+            )
         if first_bad is None and self.params.temperature > 0 and not self.params.exact:
             t = temperature_test([c.stats for c in checks if c.stats is not None], self.calibrated.sampling)
             if not t.ok:

@@ -253,13 +253,14 @@ class Validator(CheckingMixin, DisputesMixin):
                 verdict = {**verdict, "ok": False, "verdict": {**verdict["verdict"], "reason": "made-up"}}
             evidence = self._save_evidence(key, verdict)
             ok = verdict["ok"]
-            self.state.set_verdict(key, rules.after_check(ok), verdict["verdict"]["reason"], evidence)
+            reason = rules.stored_reason(verdict)
+            self.state.set_verdict(key, rules.after_check(ok), reason, evidence)
             self._count("verdicts", result="ok" if ok else "failed")
-            await self._publish_verdict(key, ok, verdict["verdict"]["reason"], evidence)
+            await self._publish_verdict(key, ok, reason, evidence)
             if ok:
                 log.info("work %s of node %s verified", key[:12], r["node"])
                 return
-            r["evidence"], r["reason"] = evidence, verdict["verdict"]["reason"]
+            r["evidence"], r["reason"] = evidence, reason
         if r["status"] == "unsigned" and time.monotonic() - self.last_fetch.get(key, -1e9) < self.cfg.refetch_every:
             return
         self.last_fetch[key] = time.monotonic()
@@ -341,10 +342,11 @@ class Validator(CheckingMixin, DisputesMixin):
 
     async def _invalidate(self, key: str, evidence: str, node: str, reason: str = "") -> None:
         """Invalidate failed work: softly (no slash) when its file was never served, since nobody can
-        show what it held; otherwise hard, an accusation with the pool's bond that becomes a slash when
-        its appeal period ends unappealed (`settle_accusations`)."""
+        show what it held, or when every failure was near its threshold; otherwise hard, an accusation
+        with the pool's bond that becomes a slash when its appeal period ends unappealed
+        (`settle_accusations`). See `rules.invalidation_is_hard`."""
         assert self.chain is not None
-        hard = reason != str(Reason.UNAVAILABLE)
+        hard = rules.invalidation_is_hard(reason)
         try:
             rc = await ops.invalidate(self.chain, self.cfg.pool_id, key, evidence, hard=hard)
         except ChainError as exc:

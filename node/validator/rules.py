@@ -17,6 +17,8 @@ closed.
 
 from __future__ import annotations
 
+from typing import Any
+
 OPEN = ("pending", "invalid", "unsigned")
 """Statuses checked again every round."""
 
@@ -56,6 +58,23 @@ def after_check(ok: bool) -> str:
 def after_internal_error(errors: int, max_errors: int, status: str) -> str:
     """A check that failed on our side keeps its status (retried) until `max_errors` failures."""
     return "error" if errors >= max_errors else status
+
+
+NEAR = ":near-threshold"
+
+
+def stored_reason(verdict: dict[str, Any]) -> str:
+    """The reason a failed verdict is kept and invalidated under: its reason code, marked when every
+    failure it found is near its threshold (a numerical outlier of honest hardware is possible)."""
+    v = verdict["verdict"]
+    near = (v.get("figures") or {}).get("near_threshold") == 1.0
+    return f"{v['reason']}{NEAR if near else ''}"
+
+
+def invalidation_is_hard(reason: str) -> bool:
+    """Hard (an accusation that ends in a slash) unless nobody served the file (nobody can show what it
+    held) or every failure was near its threshold: then soft, the units revoked without a slash."""
+    return reason != "data_unavailable" and not reason.endswith(NEAR)
 
 
 def after_invalidation(hard: bool) -> str:

@@ -162,3 +162,22 @@ def test_the_replay_skips_only_tokens_that_cannot_reach_the_draw(rows: torch.Ten
         near = torch.isfinite(r.gap)
         assert torch.allclose(r.gap[near], brute[near]) and bool((brute[~near] < 0).all()), params
         assert bool((r.gap > 0.1).any())  # the perturbed draws really are off somewhere
+
+
+def test_a_file_whose_every_failure_is_near_the_margin_says_so() -> None:
+    from node.rollout.checks import OK, Verdict
+    from node.rollout.file import RolloutSample
+    from node.verify import FileChecks, SampleCheck, SampleVerdict
+
+    fc = FileChecks(SamplingParams(1.0, exact=True), None, None, None, set(), None)  # type: ignore[arg-type]
+    samples = [RolloutSample(0, j, "t", [1], [2 + j], [-1.0], 0.0, "length", []) for j in range(3)]
+
+    def check(j: int, v: Verdict) -> SampleCheck:
+        return SampleCheck(SampleVerdict(0, j, v))
+
+    near = Verdict(Reason.REPLAY_MISMATCH, "position 3", {"near_threshold": 1.0})
+    far = Verdict(Reason.REPLAY_MISMATCH, "position 0", {"near_threshold": 0.0})
+    only_near = fc.conclude(samples, [check(0, OK), check(1, near), check(2, near)])
+    assert only_near.verdict.figures["near_threshold"] == 1.0 and "outlier" in only_near.verdict.detail
+    mixed = fc.conclude(samples, [check(0, near), check(1, far), check(2, OK)])
+    assert mixed.verdict.figures["near_threshold"] == 0.0

@@ -70,3 +70,15 @@ def test_the_state_keeps_records_duties_and_the_cursor_together(tmp_path) -> Non
     st.set_sent(k1, rules.after_invalidation(True), "0xtx")
     assert st.accused() == [k1] and st.check(k1)["tx"] == "0xtx"
     assert st.sampling_secret() == ValidatorState(tmp_path / "v.db").sampling_secret()
+
+
+def test_failures_near_their_threshold_and_unserved_files_are_invalidated_softly() -> None:
+    def verdict(reason: str, **figures: float) -> dict:
+        return {"ok": reason == "ok", "verdict": {"reason": reason, "detail": "", "figures": figures}}
+
+    far, near = verdict("replay_mismatch", near_threshold=0.0), verdict("replay_mismatch", near_threshold=1.0)
+    assert rules.stored_reason(far) == "replay_mismatch" and rules.invalidation_is_hard("replay_mismatch")
+    assert rules.stored_reason(near) == "replay_mismatch:near-threshold"
+    assert not rules.invalidation_is_hard(rules.stored_reason(near))  # honest hardware may be an outlier
+    assert not rules.invalidation_is_hard("data_unavailable")  # nobody can show what it held
+    assert rules.invalidation_is_hard(rules.stored_reason(verdict("toploc_exponent_mismatch")))
