@@ -4,7 +4,8 @@ A record's status in the validator's state (`node.validator.state`):
 
     pending --not sampled, no suspicion--> skipped --the trainer refused it--> pending
     pending --checked, passed--> ok
-    pending --checked, failed--> invalid --node signed it--> accused (hard) | invalidated (soft: never served)
+    pending --checked, failed--> invalid --node signed it--> accused (hard) | invalidated (soft: never served,
+                                                                    or every failure near its threshold)
                                         --no node signature--> unsigned (reported, never slashed; asked again)
     pending | invalid | unsigned --record left the window (claimed, disputed, invalidated)--> see `after_record_left`
     pending | invalid | unsigned --deadline within the margin--> settled
