@@ -21,7 +21,7 @@ from node.errors import PeerError
 
 from .rollout.file import RolloutFile
 from .rollout.intake import Problem as Refusal
-from .rollout.intake import check_bounds, check_terms, implausible_repeats, reported_logps
+from .rollout.intake import check_bounds, check_sample_indices, check_terms, implausible_repeats, reported_logps
 from .tasks.math import MathEnv, Problem
 
 INVITE_PROTOCOL = "/intellect/invite/1"
@@ -210,6 +210,9 @@ def check_submission(
             return Decision(False, "wrong-reward", f"group {s.group} sample {s.sample}: {s.reward} claimed, {want}")
     if len(counts) != task.prompts or any(c != task.group_size for c in counts.values()):
         return Decision(False, "wrong-shape", f"expected {task.prompts} groups of {task.group_size}")
+    bad_index = check_sample_indices(f, task.group_size)
+    if bad_index is not None:
+        return Decision(False, bad_index.reason, bad_index.detail)
     if f.units <= 0:
         return Decision(False, "empty", "no generated tokens")
     repeat = implausible_repeats(

@@ -31,7 +31,7 @@ from .rollout.checks import (
 )
 from .rollout.exact import check_replay, sample_seed
 from .rollout.file import RolloutFile, RolloutFormatError, RolloutSample
-from .rollout.intake import check_bounds, check_terms, implausible_repeats
+from .rollout.intake import check_bounds, check_sample_indices, check_terms, implausible_repeats
 from .tasks.math import MathEnv, get_env
 from .taskspec import TaskSpec
 from .toploc import ProofFormatError, Thresholds, verify_proofs
@@ -317,6 +317,7 @@ class PoolFileCheck:
         problem = check_terms(
             f.header, pool_id=self.pool_id, env=spec.env, model=spec.model, sampling=spec.sampling
         ) or check_bounds(f, vocab_size=self.tools.vocab_size, max_tokens=spec.max_tokens)
+        problem = problem or check_sample_indices(f, spec.group_size)
         if problem is not None:
             reason = Reason.TOKEN_OUT_OF_VOCAB if problem.reason == "token-out-of-vocab" else Reason.MALFORMED
             return FileVerdict(Verdict(reason, f"{problem.reason}: {problem.detail}"), [])

@@ -89,6 +89,24 @@ def check_bounds(f: RolloutFile, *, vocab_size: int, max_tokens: int) -> Problem
     return None
 
 
+def check_sample_indices(f: RolloutFile, group_size: int) -> Problem | None:
+    """Every group holds exactly the samples 0 .. group_size-1, once each. Under exact sampling a sample's
+    index is its seed: a worker that may pick indices may draw many and keep the ones it likes."""
+    seen: dict[int, set[int]] = {}
+    for s in f.samples:
+        got = seen.setdefault(s.group, set())
+        if not 0 <= s.sample < group_size or s.sample in got:
+            return Problem(
+                "wrong-shape",
+                f"group {s.group}: sample index {s.sample} (samples must be 0..{group_size - 1}, once each)",
+            )
+        got.add(s.sample)
+    short = next((g for g, got in seen.items() if len(got) != group_size), None)
+    if short is not None:
+        return Problem("wrong-shape", f"group {short}: {len(seen[short])} samples, the task's groups hold {group_size}")
+    return None
+
+
 def repeat_log_bound(draws: int, copies: int, logp: float) -> float:
     """log of C(draws, copies) * p^copies: an upper bound on the chance of `copies` identical honest draws."""
     if copies <= 1:

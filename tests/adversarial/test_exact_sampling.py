@@ -7,6 +7,7 @@ cheat fails with the tampered samples named, and honest files replay with no fai
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import pytest
@@ -49,6 +50,10 @@ def _file(groups: list[list[Any]], checks: Any) -> RolloutFile:
     header = RolloutHeader(1, "0x" + "ab" * 20, 0, ENV, SEED, dict(SAMPLING), "tiny")
     f = build_rollout_file(header, env.problems(SEED, PROMPTS), groups, env=env, decode=checks.decode)
     return RolloutFile.from_bytes(f.to_bytes())
+
+
+def time_now() -> float:
+    return time.time()
 
 
 def _verify(f: RolloutFile, prefill: Any, checks: Any) -> FileVerdict:
@@ -120,3 +125,40 @@ def test_honest_seeded_files_replay_and_the_cheats_fail_by_sample(
     assert set(failing) == {(s.group, s.sample)}, failing
     bad = next(x.verdict for x in e.samples if not x.verdict.ok)
     assert bad.reason is Reason.REPLAY_MISMATCH and bad.detail.startswith(f"position {MAX_TOKENS - 1}:"), bad
+
+
+def test_draws_kept_under_their_own_indices_are_refused_by_coordinator_and_validator(
+    tmp_path: Any, vllm_engine: Any, hf_prefill: Any, checks: Any
+) -> None:
+    """The cherry-pick exact sampling leaves open: draw 32 per prompt, keep the best 8 with the indices
+    they were drawn under (every one replays). A group must hold exactly samples 0..group_size-1."""
+    from node import protocol
+    from node.rollout.intake import check_sample_indices
+    from node.verify import PoolFileCheck
+
+    many = _groups(vllm_engine, checks, 32)
+    env = get_env(ENV)
+    header = RolloutHeader(1, "0x" + "ab" * 20, 0, ENV, SEED, dict(SAMPLING), "tiny")
+    full = build_rollout_file(header, env.problems(SEED, PROMPTS), many, env=env, decode=checks.decode)
+    best = {
+        g: {s.sample for s in sorted((x for x in full.samples if x.group == g), key=lambda x: -sum(x.logprobs))[:GROUP]}
+        for g in range(PROMPTS)
+    }
+    picked = RolloutFile(header, [s for s in full.samples if s.sample in best[s.group]])
+    assert any(max(b) >= GROUP for b in best.values())  # some kept draws have indices past the group
+    f = RolloutFile.from_bytes(picked.to_bytes())
+    assert _verify(f, hf_prefill, checks).ok  # each draw replays: the replay alone cannot see the choice
+
+    problem = check_sample_indices(f, GROUP)
+    assert problem is not None and problem.reason == "wrong-shape" and "samples" in problem.detail, problem
+    # the coordinator refuses it at intake, and so does a validator that never trusts the coordinator
+    now = time_now()
+    task = protocol.Task("t", 1, f.header.node, ENV, SEED, PROMPTS, GROUP, SAMPLING, 0, "tiny", now, now + 60)
+    decision = protocol.check_submission(
+        f, task, sender=f.header.node, now=now, current_policy=0, async_level=2, env=env,
+        encode_prompt=checks.encode_prompt, decode=checks.decode, vocab_size=512,
+    )  # fmt: skip
+    assert not decision.accepted and decision.reason == "wrong-shape", decision
+    spec = TaskSpec("tiny", ENV, SAMPLING, group_size=GROUP)
+    verdict = PoolFileCheck(spec, model_tools("tiny"), Calibrated.load("tiny"), 1).intake(f.to_bytes(), f.header.node)
+    assert not isinstance(verdict, RolloutFile) and verdict.verdict.reason is Reason.MALFORMED, verdict
