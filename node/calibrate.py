@@ -298,7 +298,7 @@ def measure(
     replay gap (with every token's gap, for the false-positive count)."""
     from .inference.engine import HfPrefill
     from .rollout.checks import SamplingParams
-    from .rollout.exact import replay
+    from .rollout.exact import replay, runner_up
 
     params = SamplingParams(cfg.temperature, exact=True)
     from .inference.tools import model_tools
@@ -362,6 +362,7 @@ def measure(
             worst["replay_gap"] = max(float(gap.max()), 0.0) if len(gap) else 0.0
             worst["tokens"] = float(len(r["tokens"]))
             worst["replay_gaps"] = gap.tolist()
+            worst["runner_up"] = runner_up(p.logprobs, r["tokens"], params, r["seed"]).tolist()
             per_case.setdefault(f"{r['job']}@{vname}", []).append(worst)
     progress(f"  verified {len(records)} rollouts with fp32 and bf16 prefills ({time.monotonic() - started:.0f} s)")
     return per_case
@@ -384,6 +385,8 @@ def evaluate(
             "tokens": int(sum(w.get("tokens", 0) for w in ws)),
             # tokens whose replay gap the chosen margin fails (for honest cases: the false positives)
             "replay_failed_tokens": sum(g > tol.margin for w in ws for g in w.get("replay_gaps", [])),
+            # tokens where another token scored within the margin of the draw: where a cheater could steer
+            "steerable_tokens": sum(0 <= g <= tol.margin for w in ws for g in w.get("runner_up", [])),
             "rejected": rejected,
             "by_toploc": sum(_rejected(w, thr, loose) for w in ws),
             "max": {m: max(w[m] for w in ws) for m in ALL_METRICS},

@@ -207,6 +207,20 @@ def replay(
     return Replay(torch.where(torch.isfinite(gap), gap, torch.full_like(gap, -math.inf)), best)
 
 
+def runner_up(raw_logprobs: torch.Tensor, tokens: Sequence[int], params: SamplingParams, seed: int) -> torch.Tensor:
+    """[T]: how far (raw-logprob units) each sampled token scored above the best other allowed token.
+    Where it is below the replay margin, a worker could have sent that other token unseen: the freedom
+    a margin leaves a cheater (calibration reports it). Every token's noise: for measurements only."""
+    T = len(tokens)
+    scaled = raw_logprobs.to(torch.float64) / params.temperature
+    score = scaled + gumbel(seed, range(T), scaled.shape[-1], scaled.device)
+    score = score.masked_fill(~allowed(scaled, params.top_k, params.top_p), -math.inf)
+    tok = torch.as_tensor(list(tokens), dtype=torch.long, device=scaled.device)
+    mine = score[torch.arange(T, device=scaled.device), tok]
+    other = score.scatter(1, tok[:, None], -math.inf).max(dim=-1).values
+    return (mine - other) * params.temperature
+
+
 def check_replay(
     raw_logprobs: torch.Tensor,
     tokens: Sequence[int],

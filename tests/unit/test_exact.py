@@ -19,6 +19,7 @@ from node.rollout.exact import (
     noise_bits,
     noise_bits_at,
     replay,
+    runner_up,
     sample_seed,
 )
 from node.taskspec import TaskSpecError, parse_spec
@@ -181,3 +182,16 @@ def test_a_file_whose_every_failure_is_near_the_margin_says_so() -> None:
     assert only_near.verdict.figures["near_threshold"] == 1.0 and "outlier" in only_near.verdict.detail
     mixed = fc.conclude(samples, [check(0, near), check(1, far), check(2, OK)])
     assert mixed.verdict.figures["near_threshold"] == 0.0
+
+
+def test_the_runner_up_measures_what_a_margin_leaves_open(rows: torch.Tensor) -> None:
+    params = SamplingParams(1.0)
+    tokens = choose(rows, params, 4, range(len(rows))).tolist()
+    lead = runner_up(rows, tokens, params, 4)
+    assert bool((lead >= 0).all())  # an honest draw is the argmax: it leads every other token
+    # a margin as wide as a lead lets the runner-up through unseen at that position
+    j = int(lead.argmin())
+    other = choose(rows[j : j + 1].scatter(1, torch.tensor([[tokens[j]]]), -math.inf), params, 4, [j])
+    swapped = [*tokens[:j], int(other[0]), *tokens[j + 1 :]]
+    assert check_replay(rows, swapped, params, 4, float(lead[j]) + 1e-9).ok
+    assert not check_replay(rows, swapped, params, 4, float(lead[j]) * 0.5).ok
