@@ -194,8 +194,11 @@ def check_sampling(
     scaled = torch.log_softmax(lp / p.temperature, dim=-1)
     tok_scaled = scaled.gather(1, tok[:, None]).squeeze(1)
     if 0 < p.top_k < V:
+        # at the k-th value the worker's numbers and ours may order near-equal tokens differently: a
+        # token is outside top-k only if it is clearly below the k-th value (by the replay margin)
+        kth = torch.topk(scaled, p.top_k, dim=-1).values[:, -1]
         rank = (scaled > tok_scaled[:, None] + 1e-9).sum(dim=-1)
-        bad = torch.nonzero(rank >= p.top_k)
+        bad = torch.nonzero(tok_scaled < kth - tol.margin / p.temperature)
         if len(bad):
             j = int(bad[0])
             return Verdict(Reason.TOKEN_OUTSIDE_TOP_K, f"token {j} has rank {int(rank[j])}, top_k is {p.top_k}"), empty
@@ -247,3 +250,22 @@ def check_reward(claimed: float, recomputed: float, tol: float = 1e-6) -> Verdic
     if not math.isfinite(claimed) or abs(claimed - recomputed) > tol:
         return Verdict(Reason.REWARD_MISMATCH, f"claimed reward {claimed}, task gives {recomputed}")
     return OK
+
+
+# ------------------------------------------------------------------------------------ verdicts
+
+NEAR = ":near-threshold"
+
+
+def stored_reason(verdict: dict[str, Any]) -> str:
+    """The reason a failed verdict is kept and invalidated under: its reason code, marked when every
+    failure it found is near its threshold (a numerical outlier of honest hardware is possible)."""
+    v = verdict["verdict"]
+    near = (v.get("figures") or {}).get("near_threshold") == 1.0
+    return f"{v['reason']}{NEAR if near else ''}"
+
+
+def invalidation_is_hard(reason: str) -> bool:
+    """Hard (an accusation that ends in a slash) unless nobody served the file (nobody can show what it
+    held) or every failure was near its threshold: then soft, the units revoked without a slash."""
+    return reason != "data_unavailable" and not reason.endswith(NEAR)

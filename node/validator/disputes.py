@@ -98,7 +98,7 @@ class DisputesMixin:
             verdict = await self._verify(r)
             if verdict is None or verdict["verdict"]["reason"] == str(Reason.UNAVAILABLE):
                 continue
-            uphold = not verdict["ok"] or self.cfg.lie
+            uphold = rules.vote_upholds(verdict) or self.cfg.lie
             try:
                 rc = await ops.vote(c, pool, key, uphold)
             except ChainError as exc:

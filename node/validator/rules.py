@@ -20,6 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..rollout.checks import invalidation_is_hard, stored_reason
+
+__all__ = ["invalidation_is_hard", "stored_reason"]  # the verdict rules the validator's shell uses from here
+
 OPEN = ("pending", "invalid", "unsigned")
 """Statuses checked again every round."""
 
@@ -61,21 +65,11 @@ def after_internal_error(errors: int, max_errors: int, status: str) -> str:
     return "error" if errors >= max_errors else status
 
 
-NEAR = ":near-threshold"
-
-
-def stored_reason(verdict: dict[str, Any]) -> str:
-    """The reason a failed verdict is kept and invalidated under: its reason code, marked when every
-    failure it found is near its threshold (a numerical outlier of honest hardware is possible)."""
-    v = verdict["verdict"]
-    near = (v.get("figures") or {}).get("near_threshold") == 1.0
-    return f"{v['reason']}{NEAR if near else ''}"
-
-
-def invalidation_is_hard(reason: str) -> bool:
-    """Hard (an accusation that ends in a slash) unless nobody served the file (nobody can show what it
-    held) or every failure was near its threshold: then soft, the units revoked without a slash."""
-    return reason != "data_unavailable" and not reason.endswith(NEAR)
+def vote_upholds(verdict: dict[str, Any]) -> bool:
+    """A committee member's vote on a disputed invalidation from its own check of the file: uphold only
+    what it would have invalidated hard itself (a failure near its threshold is no ground for a slash,
+    whatever the accuser sent)."""
+    return not verdict["ok"] and invalidation_is_hard(stored_reason(verdict))
 
 
 def after_invalidation(hard: bool) -> str:

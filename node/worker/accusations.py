@@ -20,6 +20,7 @@ from ..daemon import (
 )
 from ..evidence import MAX_SERVED_EVIDENCE_BYTES, EvidenceError, compare, parse_evidence
 from ..inference.tools import model_tools
+from ..rollout.checks import invalidation_is_hard, stored_reason
 from ..rollout.file import MAX_FILE_BYTES, RolloutFile, work_key
 from ..taskspec import pool_spec
 from ..verify import Calibrated, PoolFileCheck
@@ -107,6 +108,10 @@ class AccusationsMixin:
             return None, "; ".join(notes)
         if not verdict["ok"]:
             v = verdict["verdict"]
+            if not invalidation_is_hard(stored_reason(verdict)):
+                # only near its threshold: no ground for a slash, and committees overturn it (vote_upholds)
+                notes.append(f"our re-check finds only a failure near its threshold ({v['reason']}): appealing")
+                return None, "; ".join(notes)
             return f"our own re-check fails too: {v['reason']} ({str(v.get('detail', ''))[:200]})", "; ".join(notes)
         notes.append("our re-check of every completion passes")
         if claims is not None:

@@ -157,7 +157,8 @@ def test_the_replay_skips_only_tokens_that_cannot_reach_the_draw(rows: torch.Ten
         score = scaled + gumbel(seed, range(len(rows)), rows.shape[1])
         competitors = allowed(scaled, -1, params.top_p - 0.02) if params.top_p < 1 else scaled == scaled
         if params.top_k > 0:
-            competitors &= scaled >= torch.topk(scaled, params.top_k, -1).values[:, -1:] + 0.1 / params.temperature
+            first_out = torch.topk(scaled, params.top_k + 1, -1).values[:, -1:]
+            competitors &= scaled >= first_out + 0.1 / params.temperature
         brute = score.masked_fill(~competitors, -math.inf).max(-1).values - score[range(len(rows)), tokens]
         brute = brute * params.temperature
         near = torch.isfinite(r.gap)
@@ -195,3 +196,44 @@ def test_the_runner_up_measures_what_a_margin_leaves_open(rows: torch.Tensor) ->
     swapped = [*tokens[:j], int(other[0]), *tokens[j + 1 :]]
     assert check_replay(rows, swapped, params, 4, float(lead[j]) + 1e-9).ok
     assert not check_replay(rows, swapped, params, 4, float(lead[j]) * 0.5).ok
+
+
+def test_a_top_k_whose_values_crowd_together_still_has_competitors() -> None:
+    """When the whole top-k lies within the margin of its k-th value, its tokens still compete (they are
+    clearly inside: far above the first value top-k leaves out); a worker cannot pick among them freely.
+    And a draw a hair below the k-th value (the worker's numbers ordered it in) is not 'outside top-k'."""
+    row = torch.log_softmax(torch.tensor([[3.0, 2.95, 2.9, 2.85, 2.8, -5.0, -6.0]]), -1).repeat(40, 1)
+    params = SamplingParams(1.0, top_k=5)
+    honest = choose(row, params, 8, range(40)).tolist()
+    assert check_replay(row, honest, params, 8, 0.28).ok
+    assert not check_replay(row, [4] * 40, params, 8, 0.28).ok
+    edge = torch.log_softmax(torch.tensor([[3.0, 2.0, 1.0, 0.5, 0.5 - 1e-4, -5.0]]), -1)
+    lp = [float(edge[0, 4])]
+    verdict, _ = check_sampling(edge, [4], lp, SamplingParams(1.0, top_k=4), Tol())
+    assert verdict.ok, verdict
+    verdict, _ = check_sampling(edge, [5], [float(edge[0, 5])], SamplingParams(1.0, top_k=4), Tol())
+    assert verdict.reason is Reason.TOKEN_OUTSIDE_TOP_K
+
+
+def test_many_small_gaps_are_not_near_the_threshold(rows: torch.Tensor) -> None:
+    """Steering many tokens by gaps just past the margin is a cheat, not a numerical outlier: only one
+    or two positions past the margin count as near it (and are invalidated softly)."""
+    params = SamplingParams(1.0)
+    tokens = choose(rows, params, 6, range(len(rows))).tolist()
+    lead = runner_up(rows, tokens, params, 6)
+    order = lead.argsort().tolist()  # the positions with the closest runner-up first
+
+    def swap(positions: list[int]) -> list[int]:
+        out = list(tokens)
+        for j in positions:
+            masked = rows[j : j + 1].scatter(1, torch.tensor([[tokens[j]]]), -math.inf)
+            out[j] = int(choose(masked, params, 6, [j])[0])
+        return out
+
+    margin = float(lead[order[0]]) * 0.9
+    one = check_replay(rows, swap(order[:1]), params, 6, margin)
+    assert not one.ok and one.figures["near_threshold"] == 1.0
+    few = [j for j in order if float(lead[j]) <= 2 * margin][:3]
+    assert len(few) == 3, lead[order[:4]]
+    many = check_replay(rows, swap(few), params, 6, margin)
+    assert not many.ok and many.figures["near_threshold"] == 0.0, many

@@ -82,3 +82,5 @@ def test_failures_near_their_threshold_and_unserved_files_are_invalidated_softly
     assert not rules.invalidation_is_hard(rules.stored_reason(near))  # honest hardware may be an outlier
     assert not rules.invalidation_is_hard("data_unavailable")  # nobody can show what it held
     assert rules.invalidation_is_hard(rules.stored_reason(verdict("toploc_exponent_mismatch")))
+    # a committee member upholds only what it would have invalidated hard itself
+    assert rules.vote_upholds(far) and not rules.vote_upholds(near) and not rules.vote_upholds(verdict("ok"))
