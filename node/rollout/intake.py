@@ -45,7 +45,7 @@ class Problem:
     detail: str
 
 
-def _same_value(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
@@ -65,7 +65,7 @@ def check_terms(h: RolloutHeader, *, pool_id: int, env: str, model: str, samplin
     if extra:
         return Problem("wrong-sampling", f"header declares sampling key(s) {extra} the task never set")
     for k, v in sampling.items():
-        if k not in h.sampling or not _same_value(h.sampling[k], v):
+        if k not in h.sampling or not same_value(h.sampling[k], v):
             return Problem("wrong-sampling", f"sampling.{k} is {h.sampling.get(k)!r}, the task says {v!r}")
     return None
 

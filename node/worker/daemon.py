@@ -115,6 +115,7 @@ class Worker(JoiningMixin, GenerationMixin, AccusationsMixin):
         self.book = PolicyBook()
         self._checker: PoolFileCheck | None = None
         self.self_checked = 0  # rollouts `guard` ran the validators' checks on
+        self.spec: Any = None  # the pool's task spec (`off_spec`), read on the first task
         self.loaded_version = 0
         self.downloaded: dict[int, Path] = {}
         self.phase_started_work = False  # set once joined: from then on the worker waits out outages
@@ -234,6 +235,12 @@ class Worker(JoiningMixin, GenerationMixin, AccusationsMixin):
                 await trio.sleep(min(30.0, max(0.5, float(reply.get("retry_after", 2.0)))))
                 continue
             task = protocol.Task.from_wire(reply.get("task"))
+            wrong = await self.off_spec(task)
+            if wrong is not None:  # validators judge by the spec: work on other terms would be slashed
+                self.phase, self.last_error = "refused a task that is not under the pool's spec", wrong
+                log.error("COORDINATOR FAULT: task %s refused: %s (asking again in 30 s)", task.task_id, wrong)
+                await trio.sleep(30.0)
+                continue
             self.phase = f"generating task {task.task_id}"
             try:
                 data = await self.generate(task)

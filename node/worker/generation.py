@@ -116,6 +116,21 @@ class GenerationMixin:
 
         return await trio.to_thread.run_sync(work)
 
+    async def off_spec(self, task: protocol.Task) -> str | None:
+        """Why `task` is not under the pool's spec (`rules.task_against_spec`), or None. The spec is read
+        from its on-chain URI and hash once; if it cannot be read the task is taken unchecked (logged):
+        validators could not check the work either, and the pool's owner must fix the URI."""
+        if self.spec is None:
+            from .. import ops
+            from ..taskspec import TaskSpecError, pool_spec
+
+            try:
+                self.spec = await pool_spec(await ops.pool_info(self.chain, self.cfg.pool_id))  # type: ignore[attr-defined]
+            except TaskSpecError as exc:
+                log.warning("cannot check tasks against the pool's spec: %s", exc)
+                return None
+        return rules.task_against_spec(task.env, task.model, task.sampling, task.group_size, self.spec)
+
     async def guard(self, data: bytes) -> None:
         """`join --self-check RATE`: run every check a validator runs (`_model_check`) on our first
         rollout and on about RATE of the others, before they are submitted; stop with the reason if one

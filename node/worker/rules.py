@@ -1,9 +1,25 @@
-"""The worker's rules, pure: which policy version to generate with or fetch for a task, and how to answer
-an accusation of its work."""
+"""The worker's rules, pure: whether a task keeps to the pool's spec, which policy version to generate
+with or fetch for it, and how to answer an accusation of its work."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any
+
+from ..rollout.intake import same_value
+
+
+def task_against_spec(env: str, model: str, sampling: Mapping[str, Any], group_size: int, spec: Any) -> str | None:
+    """Why a task's terms are not the pool's spec (`node.taskspec.TaskSpec`), or None. Validators judge a
+    file by the spec alone, so a coordinator that hands out other terms (another temperature, exact
+    sampling off or on) would have the worker's honest files invalidated; the worker refuses the task."""
+    if env != spec.env or model != spec.model:
+        return f"the task asks for {model!r} on {env!r}, the pool's spec for {spec.model!r} on {spec.env!r}"
+    if group_size != spec.group_size:
+        return f"the task asks for groups of {group_size}, the pool's spec for {spec.group_size}"
+    if set(sampling) != set(spec.sampling) or not all(same_value(sampling[k], spec.sampling[k]) for k in sampling):
+        return f"the task's sampling {dict(sampling)} is not the pool's spec {dict(spec.sampling)}"
+    return None
 
 
 def best_downloaded(downloaded: Iterable[int], min_version: int, max_version: int) -> int | None:

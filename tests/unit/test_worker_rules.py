@@ -33,3 +33,22 @@ def test_an_honest_worker_appeals_only_work_that_stands_and_only_when_told() -> 
     assert rules.answer(None, cheater=False, yes=True) == "appealed"
     assert rules.answer(None, cheater=False, yes=False) == "declined"
     assert rules.answer("fails our re-check", cheater=True, yes=True) == "appealed"
+
+
+def test_a_task_off_the_pools_spec_is_refused() -> None:
+    from node.taskspec import TaskSpec
+
+    spec = TaskSpec("tiny", "math", {"temperature": 1.0, "max_tokens": 64, "exact": True}, group_size=8)
+    ok = {"temperature": 1, "max_tokens": 64, "exact": True}  # 1 and 1.0 are the same number
+    assert rules.task_against_spec("math", "tiny", ok, 8, spec) is None
+    for env, model, sampling, group in [
+        ("math", "tiny", {**ok, "exact": False}, 8),  # exact sampling switched off by the coordinator
+        ("math", "tiny", {"temperature": 1.0, "max_tokens": 64}, 8),  # ... or left out
+        ("math", "tiny", {**ok, "temperature": 0.7}, 8),
+        ("math", "tiny", {**ok, "top_p": 0.9}, 8),  # a key the spec never set
+        ("math", "tiny", ok, 4),
+        ("thinking-budget", "tiny", ok, 8),
+        ("math", "smollm2", ok, 8),
+    ]:
+        assert rules.task_against_spec(env, model, sampling, group, spec) is not None, (env, model, sampling, group)
+    assert rules.task_against_spec("math", "tiny", {**ok, "exact": 1}, 8, spec) is not None  # 1 is not true
