@@ -129,7 +129,7 @@ def rollout_verify(
     from node.inference.tools import model_tools
     from node.rollout.checks import SamplingParams
     from node.rollout.file import RolloutFile, RolloutFormatError, work_key
-    from node.rollout.intake import check_terms
+    from node.rollout.intake import check_sample_indices, check_terms
     from node.tasks import get_env
     from node.taskspec import TaskSpec, parse_spec
     from node.verify import Calibrated, FileChecks, verify_file
@@ -144,6 +144,8 @@ def rollout_verify(
             else TaskSpec(h.model, h.env, dict(h.sampling))  # the header's own claims
         )
         wrong = check_terms(h, pool_id=h.pool_id, env=spec.env, model=spec.model, sampling=spec.sampling)
+        if wrong is None and spec_file:  # the group size is the spec's (a header does not declare one)
+            wrong = check_sample_indices(f, spec.group_size)
         if wrong is not None:
             raise ValueError(f"{wrong.reason}: {wrong.detail}")
         claims = None
