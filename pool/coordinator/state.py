@@ -218,8 +218,9 @@ class CoordinatorState:
             if node is not None:
                 stmts.append(
                     (
-                        "UPDATE rollouts SET trained = -1, note = 'node had work invalidated' "
-                        "WHERE node = ? AND trained = 0",
+                        # a dropped row keeps the note that says why it was never recorded
+                        "UPDATE rollouts SET trained = -1, note = CASE WHEN status = 'dropped' THEN note "
+                        "ELSE 'node had work invalidated' END WHERE node = ? AND trained = 0",
                         (node,),
                     )
                 )

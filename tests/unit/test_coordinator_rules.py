@@ -26,3 +26,24 @@ def test_which_task_a_worker_gets() -> None:
     assert rules.task_to_hand_out(None, 6, 2, True, backlog=12, train_files=4) == "wait"
     assert rules.task_to_hand_out(None, 6, 2, True, backlog=11, train_files=4) == "new"
     assert rules.task_to_hand_out(None, 6, 2, False, backlog=999, train_files=4) == "new"  # no trainer, no limit
+
+
+def test_a_dropped_rollout_keeps_why_when_its_node_is_invalidated(tmp_path) -> None:
+    """A rollout dropped because its provider's stake fell below the minimum keeps that reason when the
+    node's work is invalidated afterwards (the crash test found the note overwritten)."""
+    import time
+
+    from pool.coordinator.state import CoordinatorState
+
+    st = CoordinatorState(tmp_path / "c.db")
+    node = "0x" + "ab" * 20
+    for k in ("0x01", "0x02"):
+        st.store.execute(
+            "INSERT INTO rollouts(work_key, task_id, node, units, policy_version, proof_commitment, mean_reward, "
+            "accepted_at) VALUES(?, ?, ?, 100, 0, ?, 0.0, ?)",
+            (k, k, node, "0x" + "33" * 32, time.time()),
+        )
+    st.set_dropped("0x01", "provider's stake is below the minimum")
+    st.add_invalidations([("0x99", node, 5)], [])
+    notes = {r["work_key"]: r["note"] for r in st.store.query("SELECT work_key, note FROM rollouts")}
+    assert notes == {"0x01": "provider's stake is below the minimum", "0x02": "node had work invalidated"}
