@@ -342,6 +342,7 @@ def measure(
             {
                 "job": "spliced_tokens",
                 "group": h["group"],
+                "seed": h["seed"],
                 "prompt": h["prompt"],
                 "tokens": h["tokens"][:k] + o["tokens"][k : k + m],
                 "logprobs": h["logprobs"][:k] + o["logprobs"][k : k + m],
