@@ -19,6 +19,7 @@ RULE_MODULES = [
     "node/p2p/rules.py",
     "node/rollout/checks.py",
     "node/rollout/intake.py",
+    "node/rollout/exact.py",
     "node/rollout/file.py",
     "node/rollout/footer.py",
     "node/toploc/proofs.py",
