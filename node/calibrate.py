@@ -211,14 +211,10 @@ def _rejected(worst: dict[str, float], thr: Thresholds, tol: SamplingTolerances)
     )
 
 
-_SLACK = {
-    "exp_mismatches": 2,
-    "mant_err_mean": 0.5,
-    "mant_err_median": 0.5,
-    "sign_mismatches": 1,
-    "logprob_err": 0.01,
-    "replay_gap": 0.01,
-}
+# fmt: off
+_SLACK = {"exp_mismatches": 2, "mant_err_mean": 0.5, "mant_err_median": 0.5, "sign_mismatches": 1, "logprob_err": 0.01,
+          "replay_gap": 0.01}
+# fmt: on
 
 
 def _build(v: dict[str, float]) -> tuple[Thresholds, SamplingTolerances]:
