@@ -20,7 +20,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
 from ..rollout.checks import SamplingParams
-from ..rollout.exact import choose
+from ..rollout.exact import choose_rows
 from .engine import EXACT_KEY as EXTRA_KEY
 
 
@@ -63,9 +63,17 @@ class ExactSampler(LogitsProcessor):
         process_dict_updates(self.rows, batch_update, add)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        for row, (params, seed, output) in self.rows.items():
-            # position = tokens generated so far (vLLM appends each sampled token before the next step)
-            token = int(choose(logits[row : row + 1], params, seed, [len(output)])[0])
-            logits[row].fill_(-math.inf)
-            logits[row, token] = 0.0
+        # rows under the same terms are drawn together (one pass over the batch, not one per request);
+        # a row's position is the number of tokens generated so far (vLLM appends each sampled token,
+        # or a placeholder for it with async scheduling, before the next step)
+        groups: dict[SamplingParams, list[int]] = {}
+        for row, (params, _seed, _output) in self.rows.items():
+            groups.setdefault(params, []).append(row)
+        for params, rows in groups.items():
+            seeds = [self.rows[r][1] for r in rows]
+            positions = [len(self.rows[r][2]) for r in rows]
+            index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+            tokens = choose_rows(logits.index_select(0, index), params, seeds, positions)
+            logits.index_fill_(0, index, -math.inf)
+            logits[index, tokens] = 0.0
         return logits

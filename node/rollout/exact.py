@@ -149,8 +149,20 @@ def allowed(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
 def choose(logits: torch.Tensor, params: SamplingParams, seed: int, positions: Sequence[int]) -> torch.Tensor:
     """The token the exact sampler draws at each of `positions` from `logits` [P, V] (any float dtype):
     argmax of logits / T + Gumbel noise over the allowed tokens. Returns [P] int64."""
+    return choose_rows(logits, params, [seed] * len(positions), positions)
+
+
+def choose_rows(
+    logits: torch.Tensor, params: SamplingParams, seeds: Sequence[int], positions: Sequence[int]
+) -> torch.Tensor:
+    """`choose` for rows of different completions at once (a sampler's batch): row i is drawn with
+    `seeds[i]` at `positions[i]`, under the same terms. Returns [R] int64."""
     scaled = logits.to(torch.float64) / params.temperature
-    g = gumbel(seed, positions, scaled.shape[-1], scaled.device)
+    keys = [_position_keys(s, [p]) for s, p in zip(seeds, positions, strict=True)]
+    first = torch.tensor([k1[0] for k1, _ in keys], dtype=torch.int64, device=scaled.device).reshape(-1, 1)
+    second = torch.tensor([k2[0] for _, k2 in keys], dtype=torch.int64, device=scaled.device).reshape(-1, 1)
+    tok = torch.arange(scaled.shape[-1], dtype=torch.int64, device=scaled.device)[None, :]
+    g = _to_gumbel(_mix(_mix(tok ^ first) ^ second))
     score = (scaled + g).masked_fill(~allowed(scaled, params.top_k, params.top_p), -math.inf)
     return score.argmax(dim=-1)
 
