@@ -201,7 +201,7 @@ def test_copied_completions_are_refused_and_honest_repeats_pass(
 
     # honest repeats: a near-greedy temperature makes most of a group identical
     cold = {"temperature": 0.05, "top_p": 1.0, "max_tokens": 8}
-    v2 = _validator(tmp_path / "cold", tiny_model, sampling=cold)
+    v2 = _validator(tmp_path / "cold", tiny_model, sampling=cold, group_size=8)
     g = _honest(vllm_engine, v2, cold, group=8)
     distinct = {tuple(s.completion_tokens) for s in g.samples if s.group == 0}
     assert len(distinct) < 8, "the test needs repeated honest completions"
