@@ -150,6 +150,7 @@ def test_kill9_each_role_at_random_points_loses_and_repeats_nothing(tmp_path: Pa
         if name in ("registerProvider", "addNode", "joinPool"):
             assert n == 1, f"{who} sent {name} {n} times"
     assert all(c == 1 for c in recorded.values()), recorded
-    assert set(recorded) == set(coord_rows), "the chain and the coordinator disagree on what was recorded"
+    # (the cheater's rollouts dropped once a slash took its stake under the minimum were never recorded)
+    assert set(recorded) == set(coord_rows) - under, "the chain and the coordinator disagree on what was recorded"
     assert all(c == 1 for c in invalidated.values()), invalidated
-    assert len(invalidated) == report["nodes"]["cheater"]["rollouts_invalidated"] == opts.steps
+    assert len(invalidated) == report["nodes"]["cheater"]["rollouts_invalidated"] == opts.steps - len(under)
