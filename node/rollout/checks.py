@@ -132,20 +132,30 @@ class SamplingStats:
     logq: float = 0.0  # log q(completion): the summed log-probability of its tokens under the sampling distribution
 
 
+def allowed(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """[P, V] bool: the tokens the sampler may pick from tempered logits `scaled` (= logits / T): the
+    top-k, then the smallest set of those whose renormalised probability reaches top_p (the token that
+    crosses top_p included), as vLLM builds it. Ties at the k-th value are all kept."""
+    keep = torch.ones_like(scaled, dtype=torch.bool)
+    V = scaled.shape[-1]
+    if 0 < top_k < V:
+        kth = torch.topk(scaled, top_k, dim=-1).values[:, -1:]
+        keep &= scaled >= kth
+    if top_p < 1.0:
+        lp = torch.log_softmax(scaled.masked_fill(~keep, -math.inf), dim=-1)
+        sorted_lp, order = torch.sort(lp, dim=-1, descending=True)
+        p = sorted_lp.exp()
+        before = torch.cumsum(p, dim=-1) - p
+        drop = torch.zeros_like(keep).scatter(-1, order, before >= top_p)
+        keep &= ~drop
+    return keep
+
+
 def sampling_distribution(raw_logprobs: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """log q: the distribution the claimed parameters sample from (temperature, then top-k and
     top-p truncation, renormalised), from raw log-softmax rows [T, V]."""
     scaled = torch.log_softmax(raw_logprobs.double() / p.temperature, dim=-1)
-    if p.top_k > 0 and p.top_k < scaled.shape[-1]:
-        kth = torch.topk(scaled, p.top_k, dim=-1).values[:, -1:]
-        scaled = torch.log_softmax(scaled.masked_fill(scaled < kth, -math.inf), dim=-1)
-    if p.top_p < 1.0:
-        sorted_lp, order = torch.sort(scaled, dim=-1, descending=True)
-        before = torch.cumsum(sorted_lp.exp(), dim=-1) - sorted_lp.exp()
-        drop_sorted = before >= p.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        scaled = scaled.masked_fill(drop, -math.inf)
-    return torch.log_softmax(scaled, dim=-1)
+    return torch.log_softmax(scaled.masked_fill(~allowed(scaled, p.top_k, p.top_p), -math.inf), dim=-1)
 
 
 def check_sampling(

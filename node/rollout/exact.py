@@ -30,7 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import Reason, SamplingParams, Verdict
+from .checks import Reason, SamplingParams, Verdict, allowed
+
+__all__ = ["allowed"]  # the sampler's allowed set lives with the sampling checks; its users import it here too
 
 _M32 = 0xFFFFFFFF
 _LN2 = math.log(2.0)
@@ -78,13 +80,18 @@ def _position_keys(seed: int, positions: Sequence[int]) -> tuple[list[int], list
     return k1, [_mix_int(k ^ 0xC2B2AE35) for k in k1]
 
 
+def _hash(tokens: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """The noise bits of token ids under their positions' two keys (tensors that broadcast together)."""
+    return _mix(_mix(tokens ^ first) ^ second)
+
+
 def noise_bits(seed: int, positions: Sequence[int], vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """[P, V] int64 tensor of 32-bit hash values, one per (position, token id): the raw noise."""
     k1, k2 = _position_keys(seed, positions)
     tok = torch.arange(vocab, dtype=torch.int64, device=device)[None, :]
     first = torch.tensor(k1, dtype=torch.int64, device=device).reshape(-1, 1)
     second = torch.tensor(k2, dtype=torch.int64, device=device).reshape(-1, 1)
-    return _mix(_mix(tok ^ first) ^ second)
+    return _hash(tok, first, second)
 
 
 def noise_bits_at(seed: int, rows: torch.Tensor, tokens: torch.Tensor, positions: Sequence[int]) -> torch.Tensor:
@@ -93,7 +100,7 @@ def noise_bits_at(seed: int, rows: torch.Tensor, tokens: torch.Tensor, positions
     k1, k2 = _position_keys(seed, positions)
     first = torch.tensor(k1, dtype=torch.int64, device=tokens.device)[rows]
     second = torch.tensor(k2, dtype=torch.int64, device=tokens.device)[rows]
-    return _mix(_mix(tokens ^ first) ^ second)
+    return _hash(tokens, first, second)
 
 
 def _log(x: torch.Tensor) -> torch.Tensor:
@@ -112,9 +119,13 @@ def _log(x: torch.Tensor) -> torch.Tensor:
     return e * _LN2 + (s * acc) * 2.0
 
 
+def _uniform(bits: torch.Tensor) -> torch.Tensor:
+    """32-bit noise as float64 in (0, 1), exactly."""
+    return (bits.to(torch.float64) + 0.5) * (2.0**-32)
+
+
 def _to_gumbel(bits: torch.Tensor) -> torch.Tensor:
-    u = (bits.to(torch.float64) + 0.5) * (2.0**-32)  # in (0, 1), exact
-    return -_log(-_log(u))
+    return -_log(-_log(_uniform(bits)))
 
 
 def gumbel(seed: int, positions: Sequence[int], vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -125,25 +136,6 @@ def gumbel(seed: int, positions: Sequence[int], vocab: int, device: torch.device
 # The largest noise value there is (32-bit u at most 1 - 2^-33): no token's score exceeds its tempered
 # logit by more, which lets the replay skip tokens that cannot come near the sampled one.
 G_MAX = float(_to_gumbel(torch.tensor([_M32], dtype=torch.int64))[0])
-
-
-def allowed(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """[P, V] bool: the tokens the sampler may pick from tempered logits `scaled` (= logits / T): the
-    top-k, then the smallest set of those whose renormalised probability reaches top_p (the token that
-    crosses top_p included), as vLLM builds it. Ties at the k-th value are all kept."""
-    keep = torch.ones_like(scaled, dtype=torch.bool)
-    V = scaled.shape[-1]
-    if 0 < top_k < V:
-        kth = torch.topk(scaled, top_k, dim=-1).values[:, -1:]
-        keep &= scaled >= kth
-    if top_p < 1.0:
-        lp = torch.log_softmax(scaled.masked_fill(~keep, -math.inf), dim=-1)
-        sorted_lp, order = torch.sort(lp, dim=-1, descending=True)
-        p = sorted_lp.exp()
-        before = torch.cumsum(p, dim=-1) - p
-        drop = torch.zeros_like(keep).scatter(-1, order, before >= top_p)
-        keep &= ~drop
-    return keep
 
 
 def choose(logits: torch.Tensor, params: SamplingParams, seed: int, positions: Sequence[int]) -> torch.Tensor:
@@ -162,7 +154,7 @@ def choose_rows(
     first = torch.tensor([k1[0] for k1, _ in keys], dtype=torch.int64, device=scaled.device).reshape(-1, 1)
     second = torch.tensor([k2[0] for _, k2 in keys], dtype=torch.int64, device=scaled.device).reshape(-1, 1)
     tok = torch.arange(scaled.shape[-1], dtype=torch.int64, device=scaled.device)[None, :]
-    g = _to_gumbel(_mix(_mix(tok ^ first) ^ second))
+    g = _to_gumbel(_hash(tok, first, second))
     score = (scaled + g).masked_fill(~allowed(scaled, params.top_k, params.top_p), -math.inf)
     return score.argmax(dim=-1)
 
@@ -235,7 +227,7 @@ def _replay_rows(
     # The exact noise (its IEEE-exact log costs ~30 operations a value) only for tokens whose score could
     # reach the sampled one's, found with the library log (off by far less than the 1e-6 allowed here).
     reach = competitors & (scaled + G_MAX >= mine[:, None])
-    u = (noise_bits(seed, positions, V, device).to(torch.float64) + 0.5) * (2.0**-32)
+    u = _uniform(noise_bits(seed, positions, V, device))
     reach &= scaled - torch.log(-torch.log(u)) >= mine[:, None] - 1e-6
     r, v = torch.nonzero(reach, as_tuple=True)
     score = torch.full_like(scaled, -math.inf)
