@@ -29,7 +29,7 @@ from .rollout.checks import (
     sampling_distribution,
     temperature_test,
 )
-from .rollout.exact import check_replay, sample_seed
+from .rollout.exact import replay_many, replay_verdict, sample_seed
 from .rollout.file import RolloutFile, RolloutFormatError, RolloutSample
 from .rollout.intake import check_bounds, check_sample_indices, check_terms, implausible_repeats
 from .tasks.math import MathEnv, get_env
@@ -209,26 +209,46 @@ class FileChecks:
     def after_prefill(self, smp: RolloutSample, task_seed: int, hidden: torch.Tensor, raw: torch.Tensor) -> SampleCheck:
         """TOPLOC, sampling and reward of a completion that passed `before_prefill`; `hidden` [T, H] and
         `raw` [T, V] come from a forward pass of the generating policy over prompt + completion."""
-        verdict, chunks = toploc_verdict(hidden, smp.proofs, self.calibrated.toploc)
-        stats = logq = None
-        if verdict.ok:
-            # our own probability of the completion, whatever the worker reported: copies are judged
-            # by it even when their reported logprobs are lies (inflated to pass the coordinator)
-            logq = completion_logq(raw, smp.completion_tokens, self.params)
-            tol = self.calibrated.sampling
-            verdict, stats = check_sampling(raw, smp.completion_tokens, smp.logprobs, self.params, tol)
-            if verdict.ok and self.params.exact:
-                seed = sample_seed(task_seed, smp.group, smp.sample)
-                replayed = check_replay(raw, smp.completion_tokens, self.params, seed, tol.margin, tol.top_p_slack)
+        return self.after_prefill_many(task_seed, [(smp, hidden, raw)])[0]
+
+    def after_prefill_many(
+        self, task_seed: int, items: Sequence[tuple[RolloutSample, torch.Tensor, torch.Tensor]]
+    ) -> list[SampleCheck]:
+        """`after_prefill` of several completions of one file (`(sample, hidden, raw)` each): the same
+        verdicts, with the exact-sampling replays run in shared passes (`replay_many`)."""
+        tol = self.calibrated.sampling
+        found: list[tuple[Verdict, list[Any], SamplingStats | None, float | None]] = []
+        for smp, hidden, raw in items:
+            verdict, chunks = toploc_verdict(hidden, smp.proofs, self.calibrated.toploc)
+            stats = logq = None
+            if verdict.ok:
+                # our own probability of the completion, whatever the worker reported: copies are judged
+                # by it even when their reported logprobs are lies (inflated to pass the coordinator)
+                logq = completion_logq(raw, smp.completion_tokens, self.params)
+                verdict, stats = check_sampling(raw, smp.completion_tokens, smp.logprobs, self.params, tol)
+            found.append((verdict, chunks, stats, logq))
+        if self.params.exact and self.params.temperature > 0:
+            todo = [k for k, (verdict, *_) in enumerate(found) if verdict.ok]
+            replays = replay_many(
+                [(items[k][2], items[k][0].completion_tokens, sample_seed(task_seed, items[k][0].group, items[k][0].sample)) for k in todo],
+                self.params, tol.margin, tol.top_p_slack,
+            )  # fmt: skip
+            for k, r in zip(todo, replays, strict=True):
+                verdict, chunks, stats, logq = found[k]
+                replayed = replay_verdict(r, items[k][0].completion_tokens, tol.margin)
                 verdict = (
                     replayed if not replayed.ok else Verdict(Reason.OK, figures=verdict.figures | replayed.figures)
                 )
-        if verdict.ok:
-            problem = self.env.problem(task_seed, smp.group)
-            recomputed = self.env.reward(problem, self.decode(smp.completion_tokens), len(smp.completion_tokens))
-            reward = check_reward(smp.reward, recomputed)
-            verdict = verdict if reward.ok else reward  # a passing verdict keeps its figures
-        return SampleCheck(SampleVerdict(smp.group, smp.sample, verdict, chunks), stats, logq)
+                found[k] = (verdict, chunks, stats, logq)
+        out = []
+        for (smp, _, _), (verdict, chunks, stats, logq) in zip(items, found, strict=True):
+            if verdict.ok:
+                problem = self.env.problem(task_seed, smp.group)
+                recomputed = self.env.reward(problem, self.decode(smp.completion_tokens), len(smp.completion_tokens))
+                reward = check_reward(smp.reward, recomputed)
+                verdict = verdict if reward.ok else reward  # a passing verdict keeps its figures
+            out.append(SampleCheck(SampleVerdict(smp.group, smp.sample, verdict, chunks), stats, logq))
+        return out
 
     def conclude(self, samples: Sequence[RolloutSample], checks: Sequence[SampleCheck]) -> FileVerdict:
         """The file's verdict from its completions' checks (in the same order as `samples`): the first
@@ -268,14 +288,18 @@ def verify_file(
         )
     fc = checks
     seed = f.header.task_seed
-    checks: list[SampleCheck] = []
+    checks: list[SampleCheck | None] = []
+    ready = []
     for smp in f.samples:
         verdict = fc.before_prefill(smp, seed)
         if verdict.ok:
-            checks.append(fc.after_prefill(smp, seed, *prefill(smp.prompt_tokens, smp.completion_tokens)))
+            ready.append((len(checks), (smp, *prefill(smp.prompt_tokens, smp.completion_tokens))))
+            checks.append(None)
         else:
             checks.append(SampleCheck(SampleVerdict(smp.group, smp.sample, verdict)))
-    return fc.conclude(f.samples, checks)
+    for (k, _), check in zip(ready, fc.after_prefill_many(seed, [item for _, item in ready]), strict=True):
+        checks[k] = check
+    return fc.conclude(f.samples, [c for c in checks if c is not None])
 
 
 def pool_checks(spec: TaskSpec, tools: Any, calibrated: Calibrated) -> FileChecks:

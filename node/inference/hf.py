@@ -47,22 +47,34 @@ class HfPrefill:
 
     @torch.inference_mode()
     def prefill_many(
-        self, pairs: Iterable[tuple[Sequence[int], Sequence[int]]], *, batch_size: int = 8
+        self,
+        pairs: Iterable[tuple[Sequence[int], Sequence[int]]],
+        *,
+        batch_size: int = 32,
+        batch_tokens: int = 8192,
     ) -> list[Prefill]:
         """Batched `prefill`: right padding with an attention mask, so every real token keeps positions
-        0..L-1 and (causal attention) never sees a pad; results equal single prefills to float rounding."""
+        0..L-1 and (causal attention) never sees a pad; results equal single prefills to float rounding.
+        Sequences are batched in order of length (little padding), at most `batch_size` of them and
+        `batch_tokens` positions (padding included) a batch, and returned in the order given."""
         items = [(list(p), list(c)) for p, c in pairs]
         for p, c in items:
             if not p or not c:
                 raise ValueError("prefill needs a non-empty prompt and completion")
             if min(min(p), min(c)) < 0 or max(max(p), max(c)) >= self.vocab_size:
                 raise ValueError(f"token ids outside the vocabulary [0, {self.vocab_size})")
-        results: list[Prefill] = []
+        results: list[Prefill | None] = [None] * len(items)
+        order = sorted(range(len(items)), key=lambda i: len(items[i][0]) + len(items[i][1]))
         pad_id = 0
-        for start in range(0, len(items), batch_size):
-            chunk = items[start : start + batch_size]
+        batches: list[list[int]] = []
+        for i in order:  # longest last: a batch's width is its last sequence's length
+            n = len(items[i][0]) + len(items[i][1]) - 1
+            if not batches or len(batches[-1]) >= batch_size or (len(batches[-1]) + 1) * n > batch_tokens:
+                batches.append([])
+            batches[-1].append(i)
+        for chunk in batches:
             # the last completion token is never fed: its state did not produce any token
-            seqs = [p + c[:-1] for p, c in chunk]
+            seqs = [items[i][0] + items[i][1][:-1] for i in chunk]
             width = max(len(s) for s in seqs)
             ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
             mask = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -72,16 +84,15 @@ class HfPrefill:
             hidden = self.model.model(
                 input_ids=ids.to(self.device), attention_mask=mask.to(self.device)
             ).last_hidden_state
-            for b, (p, c) in enumerate(chunk):
+            for b, i in enumerate(chunk):
+                p, c = items[i]
                 rows = hidden[b, len(p) - 1 : len(p) - 1 + len(c)]
                 logits = self.model.lm_head(rows)
-                results.append(
-                    Prefill(
-                        hidden=rows.to("cpu", torch.float32).clone(),
-                        logprobs=torch.log_softmax(logits.to(torch.float32), dim=-1).cpu(),
-                    )
+                results[i] = Prefill(
+                    hidden=rows.to("cpu", torch.float32).clone(),
+                    logprobs=torch.log_softmax(logits.to(torch.float32), dim=-1).cpu(),
                 )
-        return results
+        return [r for r in results if r is not None]
 
     @torch.inference_mode()
     def generate_exact(self, prompts: list[list[int]], sampling: SamplingSpec, n: int = 1) -> list[list[Completion]]:

@@ -94,15 +94,6 @@ def noise_bits(seed: int, positions: Sequence[int], vocab: int, device: torch.de
     return _hash(tok, first, second)
 
 
-def noise_bits_at(seed: int, rows: torch.Tensor, tokens: torch.Tensor, positions: Sequence[int]) -> torch.Tensor:
-    """The same values as `noise_bits` at chosen (position, token) pairs only: `rows` indexes
-    `positions`, `tokens` are token ids (int64 tensors of one shape)."""
-    k1, k2 = _position_keys(seed, positions)
-    first = torch.tensor(k1, dtype=torch.int64, device=tokens.device)[rows]
-    second = torch.tensor(k2, dtype=torch.int64, device=tokens.device)[rows]
-    return _hash(tokens, first, second)
-
-
 def _log(x: torch.Tensor) -> torch.Tensor:
     """Natural log of positive float64 values from IEEE-exact steps only (frexp and single + - * /),
     so that every device computes the same bits (library `log`s differ in the last place)."""
@@ -134,8 +125,45 @@ def gumbel(seed: int, positions: Sequence[int], vocab: int, device: torch.device
 
 
 # The largest noise value there is (32-bit u at most 1 - 2^-33): no token's score exceeds its tempered
-# logit by more, which lets the replay skip tokens that cannot come near the sampled one.
+# logit by more, which lets the sampler and the replay skip tokens that cannot come near a known score.
 G_MAX = float(_to_gumbel(torch.tensor([_M32], dtype=torch.int64))[0])
+
+
+def _noisy_max(
+    scaled: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor, among: torch.Tensor, floor: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-wise max and argmax of `scaled + g` over the tokens in `among` ([n, V] bool), where row i's
+    noise keys are `k1[i]`, `k2[i]`, for rows whose max reaches `floor[i]` (other rows: -inf).
+
+    Exactly what the dense computation gives (ties included: the first index wins), at a fraction of its
+    cost: the exact noise (its IEEE-exact log costs ~30 operations a value) is computed only for tokens
+    whose score could reach the floor, found first by the bound G_MAX and then with the library log
+    (which is off by far less than the 1e-6 allowed here)."""
+    reach = among & (scaled + (G_MAX + 1e-9) >= floor[:, None])
+    if 4 * int(reach.sum()) < reach.numel():  # few can reach: their noise alone
+        r, v = torch.nonzero(reach, as_tuple=True)
+        bits = _hash(v, k1[r], k2[r])
+        near = scaled[r, v] - torch.log(-torch.log(_uniform(bits))) >= floor[r] - 1e-6
+        r, v, bits = r[near], v[near], bits[near]
+    else:  # most can (a flat distribution): every token's noise bits, the library log, then pick
+        every = _hash(
+            torch.arange(scaled.shape[-1], dtype=torch.int64, device=scaled.device)[None, :], k1[:, None], k2[:, None]
+        )
+        reach &= scaled - torch.log(-torch.log(_uniform(every))) >= floor[:, None] - 1e-6
+        r, v = torch.nonzero(reach, as_tuple=True)
+        bits = every[r, v]
+    score = torch.full_like(scaled, -math.inf)
+    score[r, v] = scaled[r, v] + _to_gumbel(bits)
+    return score.max(dim=-1)
+
+
+def _row_keys(
+    seeds: Sequence[int], positions: Sequence[int], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The noise keys of rows drawn with `seeds[i]` at `positions[i]`, as two [n] int64 tensors."""
+    keys = [_position_keys(s, [p]) for s, p in zip(seeds, positions, strict=True)]
+    k1 = torch.tensor([a[0] for a, _ in keys], dtype=torch.int64, device=device)
+    return k1, torch.tensor([b[0] for _, b in keys], dtype=torch.int64, device=device)
 
 
 def choose(logits: torch.Tensor, params: SamplingParams, seed: int, positions: Sequence[int]) -> torch.Tensor:
@@ -148,15 +176,15 @@ def choose_rows(
     logits: torch.Tensor, params: SamplingParams, seeds: Sequence[int], positions: Sequence[int]
 ) -> torch.Tensor:
     """`choose` for rows of different completions at once (a sampler's batch): row i is drawn with
-    `seeds[i]` at `positions[i]`, under the same terms. Returns [R] int64."""
+    `seeds[i]` at `positions[i]`, under the same terms. Returns [R] int64. The draw's score is at least
+    that of the most likely allowed token, so only tokens that can reach it get their exact noise."""
     scaled = logits.to(torch.float64) / params.temperature
-    keys = [_position_keys(s, [p]) for s, p in zip(seeds, positions, strict=True)]
-    first = torch.tensor([k1[0] for k1, _ in keys], dtype=torch.int64, device=scaled.device).reshape(-1, 1)
-    second = torch.tensor([k2[0] for _, k2 in keys], dtype=torch.int64, device=scaled.device).reshape(-1, 1)
-    tok = torch.arange(scaled.shape[-1], dtype=torch.int64, device=scaled.device)[None, :]
-    g = _to_gumbel(_hash(tok, first, second))
-    score = (scaled + g).masked_fill(~allowed(scaled, params.top_k, params.top_p), -math.inf)
-    return score.argmax(dim=-1)
+    k1, k2 = _row_keys(seeds, positions, scaled.device)
+    ok = allowed(scaled, params.top_k, params.top_p)
+    top = scaled.masked_fill(~ok, -math.inf).argmax(dim=-1)
+    rows = torch.arange(scaled.shape[0], device=scaled.device)
+    floor = scaled[rows, top] + _to_gumbel(_hash(top, k1, k2))
+    return _noisy_max(scaled, k1, k2, ok, floor)[1]
 
 
 @dataclass(frozen=True)
@@ -177,46 +205,91 @@ def replay(
     seed: int,
     margin: float,
     top_p_slack: float = 0.02,
-    rows_per_pass: int = 64,
 ) -> Replay:
     """The validator's replay of one completion from its own prefill rows `raw_logprobs` [T, V]
-    (log-softmax of the raw logits, which differ from logits by a constant per row).
+    (log-softmax of the raw logits, which differ from logits by a constant per row); `replay_many`
+    for one completion."""
+    return replay_many([(raw_logprobs, tokens, seed)], params, margin, top_p_slack)[0]
+
+
+#: Values (rows x vocabulary) a replay pass holds at once: memory stays bounded for long completions and
+#: large vocabularies, and a file's short completions share passes.
+PASS_VALUES = 1 << 20
+
+
+def replay_many(
+    completions: Sequence[tuple[torch.Tensor, Sequence[int], int]],
+    params: SamplingParams,
+    margin: float,
+    top_p_slack: float = 0.02,
+    pass_values: int = PASS_VALUES,
+) -> list[Replay]:
+    """`replay` of several completions (`(raw_logprobs [T, V], tokens, seed)` each, one vocabulary), their
+    rows taken `pass_values // V` at a time across completion boundaries: a file's completions are
+    replayed in a few large passes instead of many small ones, with the same result.
 
     Near the edges of the allowed set the worker's numbers may differ from ours, so a competitor counts
     only if it is allowed by a clear margin: its tempered logit `margin / T` above the first value top-k
     leaves out, and inside top-p with the mass before it below top_p by `top_p_slack`. The sampled token
     itself is judged by the sampling checks (`check_sampling`), which allow the same slack at both edges.
-    Rows are replayed `rows_per_pass` at a time (memory stays bounded for long completions and large
-    vocabularies). NaN in our own rows is our fault, not the worker's: a `ValueError`."""
-    if bool(torch.isnan(raw_logprobs).any()):
-        raise ValueError("the prefill gave NaN log-probabilities: the replay cannot judge this completion")
-    T = len(tokens)
-    gaps, bests = [], []
-    for lo in range(0, T, rows_per_pass):
-        hi = min(T, lo + rows_per_pass)
-        gap, best = _replay_rows(raw_logprobs[lo:hi], tokens[lo:hi], range(lo, hi), params, seed, margin, top_p_slack)
-        gaps.append(gap)
-        bests.append(best)
-    if not gaps:
-        return Replay(torch.empty(0, dtype=torch.float64), torch.empty(0, dtype=torch.long))
-    return Replay(torch.cat(gaps), torch.cat(bests))
+    NaN in our own rows is our fault, not the worker's: a `ValueError`."""
+    if not completions:
+        return []
+    V = completions[0][0].shape[-1]
+    for raw, tokens, _ in completions:
+        if raw.shape[-1] != V or raw.shape[0] != len(tokens):
+            raise ValueError(f"replay rows {tuple(raw.shape)} do not match {len(tokens)} tokens of vocabulary {V}")
+        if bool(torch.isnan(raw).any()):
+            raise ValueError("the prefill gave NaN log-probabilities: the replay cannot judge this completion")
+    device = completions[0][0].device
+    # every row's noise keys, and the rows cut into passes of at most `per_pass` rows
+    keys = [_position_keys(seed, range(len(tokens))) for _, tokens, seed in completions]
+    per_pass = max(1, pass_values // max(1, V))
+    slices = [
+        (i, lo, min(len(t), lo + per_pass))
+        for i, (_, t, _) in enumerate(completions)
+        for lo in range(0, len(t), per_pass)
+    ]
+    gaps: list[list[torch.Tensor]] = [[] for _ in completions]
+    bests: list[list[torch.Tensor]] = [[] for _ in completions]
+    start = 0
+    while start < len(slices):
+        block, rows = [], 0
+        while start < len(slices) and (not block or rows + slices[start][2] - slices[start][1] <= per_pass):
+            block.append(slices[start])
+            rows += slices[start][2] - slices[start][1]
+            start += 1
+        raw = torch.cat([completions[i][0][lo:hi] for i, lo, hi in block])
+        tok = torch.as_tensor(
+            [t for i, lo, hi in block for t in completions[i][1][lo:hi]], dtype=torch.long, device=device
+        )
+        k1 = torch.tensor([k for i, lo, hi in block for k in keys[i][0][lo:hi]], dtype=torch.int64, device=device)
+        k2 = torch.tensor([k for i, lo, hi in block for k in keys[i][1][lo:hi]], dtype=torch.int64, device=device)
+        gap, best = _replay_rows(raw, tok, k1, k2, params, margin, top_p_slack)
+        at = 0
+        for i, lo, hi in block:
+            gaps[i].append(gap[at : at + hi - lo])
+            bests[i].append(best[at : at + hi - lo])
+            at += hi - lo
+    empty = Replay(torch.empty(0, dtype=torch.float64), torch.empty(0, dtype=torch.long))
+    return [Replay(torch.cat(g), torch.cat(b)) if g else empty for g, b in zip(gaps, bests, strict=True)]
 
 
 def _replay_rows(
     raw: torch.Tensor,
-    tokens: Sequence[int],
-    positions: range,
+    tok: torch.Tensor,
+    k1: torch.Tensor,
+    k2: torch.Tensor,
     params: SamplingParams,
-    seed: int,
     margin: float,
     top_p_slack: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of (possibly several) completions: row i holds sampled token `tok[i]`, its position's noise
+    keys `k1[i]`, `k2[i]`."""
     scaled = raw.to(torch.float64) / params.temperature
-    device = scaled.device
     n, V = scaled.shape
-    tok = torch.as_tensor(list(tokens), dtype=torch.long, device=device)
-    rows = torch.arange(n, device=device)
-    mine = scaled[rows, tok] + _to_gumbel(noise_bits_at(seed, rows, tok, positions))
+    rows = torch.arange(n, device=scaled.device)
+    mine = scaled[rows, tok] + _to_gumbel(_hash(tok, k1, k2))
     competitors = torch.ones_like(scaled, dtype=torch.bool)
     if 0 < params.top_k < V:
         # clearly inside the top k: above the first value it leaves out (the (k+1)-th) by the margin
@@ -224,15 +297,7 @@ def _replay_rows(
         competitors &= scaled >= first_out + margin / params.temperature
     if params.top_p < 1.0:
         competitors &= allowed(scaled, params.top_k, max(params.top_p - top_p_slack, 1e-9))
-    # The exact noise (its IEEE-exact log costs ~30 operations a value) only for tokens whose score could
-    # reach the sampled one's, found with the library log (off by far less than the 1e-6 allowed here).
-    reach = competitors & (scaled + G_MAX >= mine[:, None])
-    u = _uniform(noise_bits(seed, positions, V, device))
-    reach &= scaled - torch.log(-torch.log(u)) >= mine[:, None] - 1e-6
-    r, v = torch.nonzero(reach, as_tuple=True)
-    score = torch.full_like(scaled, -math.inf)
-    score[r, v] = scaled[r, v] + _to_gumbel(noise_bits_at(seed, r, v, positions))
-    best_score, best = score.max(dim=-1)
+    best_score, best = _noisy_max(scaled, k1, k2, competitors, mine)
     gap = (best_score - mine) * params.temperature
     return torch.where(torch.isfinite(gap), gap, torch.full_like(gap, -math.inf)), best
 
@@ -263,12 +328,18 @@ def check_replay(
     top_p_slack: float = 0.02,
 ) -> Verdict:
     """Every token is the seeded argmax, up to `margin` (raw-logprob units) for numerical differences
-    between the worker's and the validator's kernels. The verdict names the first failing position,
-    and says whether the failure is near the threshold (at most `NEAR_POSITIONS` positions past the
-    margin, none past twice it: a numerical outlier is possible) or not."""
+    between the worker's and the validator's kernels (`replay_verdict` of `replay`)."""
     if params.temperature <= 0 or not tokens:
         return Verdict(Reason.OK)
-    r = replay(raw_logprobs, tokens, params, seed, margin, top_p_slack)
+    return replay_verdict(replay(raw_logprobs, tokens, params, seed, margin, top_p_slack), tokens, margin)
+
+
+def replay_verdict(r: Replay, tokens: Sequence[int], margin: float) -> Verdict:
+    """The verdict on a completion's replay `r`: it names the first failing position, and says whether
+    the failure is near the threshold (at most `NEAR_POSITIONS` positions past the margin, none past twice
+    it: a numerical outlier is possible) or not."""
+    if not len(r.gap):
+        return Verdict(Reason.OK)
     worst = float(r.gap.max())
     figures = {"replay_gap_max": worst, "replay_margin": margin}
     bad = torch.nonzero(r.gap > margin)

