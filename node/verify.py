@@ -284,7 +284,11 @@ def verify_file(
     checked against `checks.vocab_size` before the prefill runs."""
     if expected_policy is not None and f.header.policy_version != expected_policy:
         return FileVerdict(
-            Verdict(Reason.MALFORMED, f"policy version {f.header.policy_version}, expected {expected_policy}"), []
+            Verdict(
+                Reason.RECORD_MISMATCH,
+                f"the file says policy version {f.header.policy_version}, its record {expected_policy}",
+            ),
+            [],
         )
     fc = checks
     seed = f.header.task_seed

@@ -36,6 +36,9 @@ class Reason(StrEnum):
     REWARD_MISMATCH = "reward_mismatch"
     DUPLICATE_SAMPLES = "duplicate_samples"
     MALFORMED = "malformed_rollout"
+    # the file is not what the coordinator recorded for it (another policy version): the record is the
+    # coordinator's doing, never the node's, so the units are revoked without a slash
+    RECORD_MISMATCH = "record_mismatch"
     UNSIGNED = "not_signed_by_node"
     UNAVAILABLE = "data_unavailable"
 
@@ -277,5 +280,6 @@ def stored_reason(verdict: dict[str, Any]) -> str:
 
 def invalidation_is_hard(reason: str) -> bool:
     """Hard (an accusation that ends in a slash) unless nobody served the file (nobody can show what it
-    held) or every failure was near its threshold: then soft, the units revoked without a slash."""
-    return reason != "data_unavailable" and not reason.endswith(NEAR)
+    held), the file is not what the coordinator recorded (the coordinator wrote the record), or every
+    failure was near its threshold: then soft, the units revoked without a slash."""
+    return reason not in (Reason.UNAVAILABLE, Reason.RECORD_MISMATCH) and not reason.endswith(NEAR)

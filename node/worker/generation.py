@@ -129,7 +129,9 @@ class GenerationMixin:
             except TaskSpecError as exc:
                 log.warning("cannot check tasks against the pool's spec: %s", exc)
                 return None
-        return rules.task_against_spec(task.env, task.model, task.sampling, task.group_size, self.spec)
+        return rules.task_against_spec(
+            task.env, task.model, task.sampling, task.group_size, self.spec, task.pool_id, self.cfg.pool_id
+        )
 
     async def guard(self, data: bytes) -> None:
         """`join --self-check RATE`: run every check a validator runs (`_model_check`) on our first

@@ -9,10 +9,15 @@ from typing import Any
 from ..rollout.intake import same_value
 
 
-def task_against_spec(env: str, model: str, sampling: Mapping[str, Any], group_size: int, spec: Any) -> str | None:
+def task_against_spec(
+    env: str, model: str, sampling: Mapping[str, Any], group_size: int, spec: Any, pool_id: int, own_pool: int
+) -> str | None:
     """Why a task's terms are not the pool's spec (`node.taskspec.TaskSpec`), or None. Validators judge a
     file by the spec alone, so a coordinator that hands out other terms (another temperature, exact
-    sampling off or on) would have the worker's honest files invalidated; the worker refuses the task."""
+    sampling off or on, another pool's id in the header) would have the worker's honest files
+    invalidated; the worker refuses the task."""
+    if pool_id != own_pool:
+        return f"the task is for pool {pool_id}, this worker works for pool {own_pool}"
     if env != spec.env or model != spec.model:
         return f"the task asks for {model!r} on {env!r}, the pool's spec for {spec.model!r} on {spec.env!r}"
     if group_size != spec.group_size:

@@ -40,7 +40,8 @@ def test_a_task_off_the_pools_spec_is_refused() -> None:
 
     spec = TaskSpec("tiny", "math", {"temperature": 1.0, "max_tokens": 64, "exact": True}, group_size=8)
     ok = {"temperature": 1, "max_tokens": 64, "exact": True}  # 1 and 1.0 are the same number
-    assert rules.task_against_spec("math", "tiny", ok, 8, spec) is None
+    assert rules.task_against_spec("math", "tiny", ok, 8, spec, 3, 3) is None
+    assert "pool 4" in (rules.task_against_spec("math", "tiny", ok, 8, spec, 4, 3) or "")  # another pool's task
     for env, model, sampling, group in [
         ("math", "tiny", {**ok, "exact": False}, 8),  # exact sampling switched off by the coordinator
         ("math", "tiny", {"temperature": 1.0, "max_tokens": 64}, 8),  # ... or left out
@@ -50,5 +51,10 @@ def test_a_task_off_the_pools_spec_is_refused() -> None:
         ("thinking-budget", "tiny", ok, 8),
         ("math", "smollm2", ok, 8),
     ]:
-        assert rules.task_against_spec(env, model, sampling, group, spec) is not None, (env, model, sampling, group)
-    assert rules.task_against_spec("math", "tiny", {**ok, "exact": 1}, 8, spec) is not None  # 1 is not true
+        assert rules.task_against_spec(env, model, sampling, group, spec, 3, 3) is not None, (
+            env,
+            model,
+            sampling,
+            group,
+        )
+    assert rules.task_against_spec("math", "tiny", {**ok, "exact": 1}, 8, spec, 3, 3) is not None  # 1 is not true
