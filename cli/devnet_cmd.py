@@ -35,11 +35,13 @@ import click
 @click.option(
     "--adversary-kind",
     type=click.Choice(["model", "temperature", "duplicate", "poison", "lying-validator"]),
-    default="model",
+    multiple=True,
+    default=("model",),
     show_default=True,
     help="How the adversary cheats: another model's weights, a hotter temperature than claimed, one completion "
     "copied to fill each group (duplicate), proofs that crash the reference verifier (poison), or a validator "
-    "that accuses honest work (lying-validator: its accusations are appealed and overturned).",
+    "that accuses honest work (lying-validator: its accusations are appealed and overturned). Repeat it for one "
+    "cheating worker of each kind in the same run (with --workers 1).",
 )
 @click.option("--window", type=int, default=24 * 3600, show_default=True, help="Validation window (seconds).")
 @click.option("--report", type=click.Path(dir_okay=False), help="Write the outcome (with the audit) as JSON here.")
@@ -67,7 +69,7 @@ def devnet_cmd(
     seed: int | None,
     workers: int,
     adversary: bool,
-    adversary_kind: str,
+    adversary_kind: tuple[str, ...],
     window: int,
     report: str | None,
     timeout: float,
@@ -79,6 +81,9 @@ def devnet_cmd(
     """Run the local devnet: anvil, contracts, a pool, a coordinator, workers, a validator (and with
     --adversary a cheater) as separate processes on 127.0.0.1; ends with a summary and the audit."""
     from pool.devnet import DevnetOptions, run_devnet
+
+    if "lying-validator" in adversary_kind and len(adversary_kind) > 1:
+        raise click.UsageError("--adversary-kind lying-validator runs alone (its run has no cheating worker)")
 
     run_devnet(
         DevnetOptions(
@@ -97,7 +102,7 @@ def devnet_cmd(
             seed=seed,
             workers=workers,
             adversary=adversary,
-            adversary_kind=adversary_kind,
+            adversary_kinds=tuple(adversary_kind),
             report=Path(report) if report else None,
             timeout=timeout,
             eval_problems=eval_problems,

@@ -106,25 +106,30 @@ def make_procs(opts: DevnetOptions, url: str, roles: Roles, pool_id: int, coord_
     )  # fmt: skip
     validate = ["validate", "--pool", str(pool_id), "--listen", "/ip4/127.0.0.1/tcp/0", "--model", opts.model]
     add("validator", "validator", validate, roles.validator)
-    lying = opts.adversary and opts.adversary_kind == "lying-validator"
+    lying = opts.adversary and "lying-validator" in opts.adversary_kinds
+    cheats = [k for k in opts.adversary_kinds if k != "lying-validator"] if opts.adversary else []
     if opts.adversary:
         # Jurors check nothing on their own (sample rate 0) and sit on the committees of appeals.
         for i, juror in enumerate(roles.jurors):
             add(f"juror{i + 1}", "validator", [*validate, "--sample-rate", "0"], juror)
     if lying:
         add("liar", "validator", [*validate, "--lie"], roles.liar)
-    n_workers = opts.workers + (1 if opts.adversary and not lying else 0)
+    n_workers = opts.workers + len(cheats)
     if n_workers > len(roles.workers):
-        raise click.UsageError(f"the devnet has keys for {len(roles.workers)} workers")
+        raise click.UsageError(
+            f"the devnet has keys for {len(roles.workers)} workers, cheaters included (with several adversary "
+            "kinds, pass --workers 1)"
+        )
     for i in range(n_workers):
         provider, node = roles.workers[i]
-        cheat = opts.adversary and not lying and i == n_workers - 1
+        cheat = cheats[i - opts.workers] if i >= opts.workers else None
         args = ["join", "--pool", str(pool_id), "--listen", "/ip4/127.0.0.1/tcp/0", "--steps", str(opts.steps), "--yes"]
-        if cheat:
-            args += ["--cheat", opts.adversary_kind]
+        if cheat is not None:
+            args += ["--cheat", cheat]
         elif i == 0 and opts.train:
             args += ["--relay", f"127.0.0.1:{free_port()}"]  # the first worker also relays checkpoints
-        add("cheater" if cheat else f"worker{i + 1}", "worker", args, provider, node)
+        name = f"worker{i + 1}" if cheat is None else "cheater" if len(cheats) == 1 else f"cheater-{cheat}"
+        add(name, "worker", args, provider, node)
     return procs
 
 

@@ -88,7 +88,7 @@ def build_report(opts: DevnetOptions, roles: Roles, pool_id: int, procs: list[Pr
         nodes[p.name] = {
             "node": node,
             "provider": p.status.get("provider"),
-            "cheater": p.name == "cheater",
+            "cheater": p.name.startswith("cheater"),
             "rollouts_accepted": acc.get("recorded", 0) + acc.get("accepted", 0),
             "rollouts_invalidated": ledger.get("invalidated_records", 0),
             "trainer_refused": coord.status.get("trainer_refused", {}).get(node, 0),
@@ -105,7 +105,7 @@ def build_report(opts: DevnetOptions, roles: Roles, pool_id: int, procs: list[Pr
         "model": opts.model,
         "steps": opts.steps,
         "seed": opts.seed,
-        "adversary": opts.adversary_kind if opts.adversary else None,
+        "adversary": "+".join(opts.adversary_kinds) if opts.adversary else None,
         "nodes": nodes,
         "validator": next(p for p in procs if p.role == "validator").status.get("checks", {}),
         "coordinator": {k: coord.status.get(k) for k in ("rollouts", "rejected", "mean_reward", "txs")},

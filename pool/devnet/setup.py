@@ -60,7 +60,7 @@ class DevnetOptions:
     steps: int = 3
     workers: int = 2
     adversary: bool = False
-    adversary_kind: str = "model"
+    adversary_kinds: tuple[str, ...] = ("model",)  # one cheating worker per kind, or "lying-validator" alone
     report: Path | None = None
     timeout: float = 900.0
     live: bool | None = None
@@ -106,7 +106,7 @@ def peer_id_of(account: Any) -> str:
 
 
 async def create_pool(url: str, opts: DevnetOptions, roles: Roles, say: Any, bootstrap: str) -> dict[str, Any]:
-    lying = opts.adversary and opts.adversary_kind == "lying-validator"  # only then is the liar named
+    lying = opts.adversary and "lying-validator" in opts.adversary_kinds  # only then is the liar named
     async with RpcClient(url) as rpc:
         dep = await deploy(rpc, roles.owner, DeployParams(), rpc_url=url, progress=say)
         for v in roles.validators:  # gas for the keys beyond anvil's funded ones
