@@ -48,9 +48,11 @@ def sample_seed(task_seed: int, group: int, sample: int) -> int:
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """(x * c) mod 2^32 for int64 tensors holding 32-bit values, without int64 overflow (x * c needs 64 bits)."""
-    lo, hi = c & 0xFFFF, c >> 16
-    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _M32
+    """(x * c) mod 2^32 for int64 tensors holding 32-bit values, without int64 overflow: one product when
+    c < 2^31 (it stays below 2^63); for larger c, x * (c - 2^31) plus x * 2^31 mod 2^32 (x's low bit)."""
+    if c < 1 << 31:
+        return (x * c) & _M32
+    return (x * (c - (1 << 31)) + ((x & 1) << 31)) & _M32
 
 
 def _mix(x: torch.Tensor) -> torch.Tensor:
@@ -129,6 +131,10 @@ def gumbel(seed: int, positions: Sequence[int], vocab: int, device: torch.device
 G_MAX = float(_to_gumbel(torch.tensor([_M32], dtype=torch.int64))[0])
 
 
+#: Values a block of `_noisy_max`'s dense pass holds (its tensors stay in cache between its steps).
+_BLOCK_VALUES = 1 << 16
+
+
 def _noisy_max(
     scaled: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor, among: torch.Tensor, floor: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,13 +151,18 @@ def _noisy_max(
         bits = _hash(v, k1[r], k2[r])
         near = scaled[r, v] - torch.log(-torch.log(_uniform(bits))) >= floor[r] - 1e-6
         r, v, bits = r[near], v[near], bits[near]
-    else:  # most can (a flat distribution): every token's noise bits, the library log, then pick
-        every = _hash(
-            torch.arange(scaled.shape[-1], dtype=torch.int64, device=scaled.device)[None, :], k1[:, None], k2[:, None]
-        )
-        reach &= scaled - torch.log(-torch.log(_uniform(every))) >= floor[:, None] - 1e-6
+    else:  # most can (a flat distribution): every token's noise with the library log, a cache-sized block
+        # of rows at a time on a CPU (each of the ~30 steps is a pass over memory; a GPU takes all rows in one
+        # pass), then exact noise for the few left
+        tok = torch.arange(scaled.shape[-1], dtype=torch.int64, device=scaled.device)[None, :]
+        cpu = scaled.device.type == "cpu"
+        step = max(1, _BLOCK_VALUES // max(1, scaled.shape[-1])) if cpu else max(1, scaled.shape[0])
+        for lo in range(0, scaled.shape[0], step):
+            b = slice(lo, lo + step)
+            g = -torch.log(-torch.log(_uniform(_hash(tok, k1[b, None], k2[b, None]))))
+            reach[b] &= scaled[b] + g >= floor[b, None] - 1e-6
         r, v = torch.nonzero(reach, as_tuple=True)
-        bits = every[r, v]
+        bits = _hash(v, k1[r], k2[r])
     score = torch.full_like(scaled, -math.inf)
     score[r, v] = scaled[r, v] + _to_gumbel(bits)
     return score.max(dim=-1)
