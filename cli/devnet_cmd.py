@@ -82,6 +82,8 @@ def devnet_cmd(
     --adversary a cheater) as separate processes on 127.0.0.1; ends with a summary and the audit."""
     from pool.devnet import DevnetOptions, run_devnet
 
+    if len(set(adversary_kind)) != len(adversary_kind):
+        raise click.UsageError("each --adversary-kind may be given once")
     if "lying-validator" in adversary_kind and len(adversary_kind) > 1:
         raise click.UsageError("--adversary-kind lying-validator runs alone (its run has no cheating worker)")
 

@@ -281,15 +281,12 @@ def verify_file(
 
     `checks.params` are the task's sampling parameters (from the pool's spec), never the file header's;
     the caller refuses a header that declares others (`node.rollout.intake.check_terms`). Token ids are
-    checked against `checks.vocab_size` before the prefill runs."""
-    if expected_policy is not None and f.header.policy_version != expected_policy:
-        return FileVerdict(
-            Verdict(
-                Reason.RECORD_MISMATCH,
-                f"the file says policy version {f.header.policy_version}, its record {expected_policy}",
-            ),
-            [],
-        )
+    checked against `checks.vocab_size` before the prefill runs.
+
+    `prefill` runs the file's own policy version (its header's). When its record (`expected_policy`,
+    written by the coordinator) names another, the file is still judged as itself: one that fails fails
+    for what it is (a cheater gains nothing from a record that lies for it), and one that passes is
+    `record_mismatch` (soft: the coordinator, not the node, wrote the record)."""
     fc = checks
     seed = f.header.task_seed
     checks: list[SampleCheck | None] = []
@@ -303,7 +300,11 @@ def verify_file(
             checks.append(SampleCheck(SampleVerdict(smp.group, smp.sample, verdict)))
     for (k, _), check in zip(ready, fc.after_prefill_many(seed, [item for _, item in ready]), strict=True):
         checks[k] = check
-    return fc.conclude(f.samples, [c for c in checks if c is not None])
+    verdict = fc.conclude(f.samples, [c for c in checks if c is not None])
+    if verdict.ok and expected_policy is not None and f.header.policy_version != expected_policy:
+        detail = f"the file says policy version {f.header.policy_version}, its record {expected_policy}"
+        return FileVerdict(Verdict(Reason.RECORD_MISMATCH, detail), verdict.samples)
+    return verdict
 
 
 def pool_checks(spec: TaskSpec, tools: Any, calibrated: Calibrated) -> FileChecks:

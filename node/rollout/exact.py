@@ -144,12 +144,15 @@ def _noisy_max(
     Exactly what the dense computation gives (ties included: the first index wins), at a fraction of its
     cost: the exact noise (its IEEE-exact log costs ~30 operations a value) is computed only for tokens
     whose score could reach the floor, found first by the bound G_MAX and then with the library log
-    (which is off by far less than the 1e-6 allowed here)."""
-    reach = among & (scaled + (G_MAX + 1e-9) >= floor[:, None])
+    (which is off by far less than the slack allowed here: 1e-6, and more for huge scores)."""
+    # the slack covers rounding at any magnitude (a tiny temperature makes scores huge)
+    slack = (1e-6 + 1e-12 * floor.abs()).nan_to_num(nan=0.0, posinf=0.0)[:, None]
+    floor = floor[:, None] - slack
+    reach = among & (scaled + G_MAX >= floor)
     if 4 * int(reach.sum()) < reach.numel():  # few can reach: their noise alone
         r, v = torch.nonzero(reach, as_tuple=True)
         bits = _hash(v, k1[r], k2[r])
-        near = scaled[r, v] - torch.log(-torch.log(_uniform(bits))) >= floor[r] - 1e-6
+        near = scaled[r, v] - torch.log(-torch.log(_uniform(bits))) >= floor[r, 0]
         r, v, bits = r[near], v[near], bits[near]
     else:  # most can (a flat distribution): every token's noise with the library log, a cache-sized block
         # of rows at a time on a CPU (each of the ~30 steps is a pass over memory; a GPU takes all rows in one
@@ -160,7 +163,7 @@ def _noisy_max(
         for lo in range(0, scaled.shape[0], step):
             b = slice(lo, lo + step)
             g = -torch.log(-torch.log(_uniform(_hash(tok, k1[b, None], k2[b, None]))))
-            reach[b] &= scaled[b] + g >= floor[b, None] - 1e-6
+            reach[b] &= scaled[b] + g >= floor[b]
         r, v = torch.nonzero(reach, as_tuple=True)
         bits = _hash(v, k1[r], k2[r])
     score = torch.full_like(scaled, -math.inf)

@@ -163,7 +163,8 @@ class CheckingMixin:
         f = await trio.to_thread.run_sync(self.intake, data, r)  # parsing a hostile file takes CPU, not the loop
         if isinstance(f, FileVerdict):
             return f.to_dict()
-        prefill = await self.prefill_for(int(r["policy_version"]))
+        # the file's own version: a record that names another is judged in `judge` (record_mismatch)
+        prefill = await self.prefill_for(f.header.policy_version)
         if prefill is None:
             return None
         started = time.monotonic()

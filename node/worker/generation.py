@@ -120,6 +120,10 @@ class GenerationMixin:
         """Why `task` is not under the pool's spec (`rules.task_against_spec`), or None. The spec is read
         from its on-chain URI and hash once; if it cannot be read the task is taken unchecked (logged):
         validators could not check the work either, and the pool's owner must fix the URI."""
+        if task.pool_id != self.cfg.pool_id:  # checked whether or not the spec can be read
+            return rules.task_against_spec(
+                task.env, task.model, task.sampling, task.group_size, None, task.pool_id, self.cfg.pool_id
+            )
         if self.spec is None:
             from .. import ops
             from ..taskspec import TaskSpecError, pool_spec

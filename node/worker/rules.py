@@ -18,6 +18,8 @@ def task_against_spec(
     invalidated; the worker refuses the task."""
     if pool_id != own_pool:
         return f"the task is for pool {pool_id}, this worker works for pool {own_pool}"
+    if spec is None:  # the spec could not be read: only the pool is known
+        return None
     if env != spec.env or model != spec.model:
         return f"the task asks for {model!r} on {env!r}, the pool's spec for {spec.model!r} on {spec.env!r}"
     if group_size != spec.group_size:

@@ -7,7 +7,8 @@ file made for it, or (2) record an honest file under another policy version than
 that the validators' check of the record fails. Tried here with the real chain (anvil, the real
 contracts, a spec document behind its on-chain hash), a real vLLM file on the tiny model and the
 validators' real checks: the worker refuses every task off the spec before generating anything, and a
-record that does not match its file costs the node its units (soft) but never its stake."""
+record that does not match an honest file costs the node its units (soft) but never its stake, while a
+cheater's file fails as itself whatever its record says."""
 
 from __future__ import annotations
 
@@ -66,6 +67,12 @@ async def test_a_worker_refuses_every_task_off_the_on_chain_spec(chain: World, t
         for what, over in lies.items():
             why = await w.off_spec(_task(pid, w.node.address, **over))
             assert why is not None, what
+        # a coordinator that serves this worker another document than the spec's hash: the spec cannot be
+        # read, tasks are taken unchecked (validators could not check either), but never another pool's
+        (tmp_path / "spec" / "task-spec.json").write_text('{"model": "tiny"}')
+        w.spec = None
+        assert await w.off_spec(_task(pid, w.node.address)) is None
+        assert "pool" in (await w.off_spec(_task(pid, w.node.address, pool_id=pid + 1)) or "")
     finally:
         await w.chain.aclose()
         w.store.close()
@@ -84,5 +91,11 @@ def test_a_record_under_another_policy_version_revokes_units_but_never_slashes(
     reason = validator_rules.stored_reason(lied)
     assert not validator_rules.invalidation_is_hard(reason)  # the validator revokes the units softly
     assert not validator_rules.vote_upholds(lied)  # and no committee member upholds a slash for it
-    # (a cheating worker cannot get here by lying in its own header: an honest coordinator records the
-    # header's version, and the file is judged at that version like any other)
+    # a coordinator that lies for a cheater gains it nothing: the file is judged at its own version first,
+    # and a file that fails there fails for what it is (hard), whatever its record says
+    import dataclasses
+
+    bad = RolloutFile(f.header, [dataclasses.replace(f.samples[0], reward=f.samples[0].reward + 1.0), *f.samples[1:]])
+    shielded = v.judge(bad, _row(v) | {"policy_version": 3}, hf_prefill)
+    assert shielded["verdict"]["reason"] == "reward_mismatch", shielded["verdict"]
+    assert validator_rules.invalidation_is_hard(validator_rules.stored_reason(shielded))
