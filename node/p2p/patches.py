@@ -394,3 +394,24 @@ def drop_unread(stream: INetStream) -> None:
             buf.clear()
         if isinstance(buf, _StreamBuffer):
             buf.discard = True
+
+
+# Shutdown. py-libp2p 0.8.1's service manager schedules a task for each incoming pubsub message; one that
+# arrives while the host is stopping (the manager still running, its task nursery already closed) makes
+# trio raise "Nursery is closed to new arrivals", and that error ends the host's whole `__aexit__` (a daemon
+# that was stopping cleanly exits with a traceback). Such a task is dropped: its service is going away.
+_trio_manager_module = importlib.import_module("libp2p.tools.anyio_service.trio_manager")
+_schedule_task = _trio_manager_module.TrioManager._schedule_task
+
+
+def _schedule_task_while_open(self: Any, task: Any) -> None:
+    try:
+        _schedule_task(self, task)
+    except RuntimeError as exc:
+        if "closed to new arrivals" not in str(exc):
+            raise
+        logging.getLogger(__name__).debug("dropped task %s: its service is stopping", task)
+
+
+if _PATCH_LIBP2P:
+    _trio_manager_module.TrioManager._schedule_task = _schedule_task_while_open  # type: ignore[method-assign]
