@@ -56,6 +56,29 @@ class Calibrated:
             "report": self.report,
         }
 
+    def prefill_dtypes(self) -> tuple[str, ...]:
+        """The validator prefill precisions these thresholds were calibrated against, preferred first: a
+        calibration for any precision (`toploc calibrate --precision any`) checked honest work with both
+        fp32 and bf16 prefills; one for a pool-mandated precision, and one that does not say, only fp32
+        or only that precision. Another prefill would meet thresholds nobody measured for it."""
+        precision = (self.report.get("config") or {}).get("precision", "fp32")
+        return {"any": ("float32", "bfloat16"), "bf16": ("bfloat16",)}.get(precision, ("float32",))
+
+    def prefill_dtype(self, wanted: str | None) -> str:
+        """The prefill precision a validator runs: `wanted`, or the preferred one, refused when the
+        calibration did not cover it (honest work could then fail thresholds measured for another)."""
+        allowed = self.prefill_dtypes()
+        if wanted is None:
+            return allowed[0]
+        if wanted not in allowed:
+            raise ConfigError(
+                f"the thresholds for {self.model} were not calibrated with a {wanted} prefill "
+                f"(calibrated: {', '.join(allowed)})",
+                f"use --prefill-dtype {allowed[0]}, or calibrate for it (`intellect-node toploc calibrate "
+                "--precision any`) and pass the result with --thresholds",
+            )
+        return wanted
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Calibrated:
         return cls(
@@ -161,8 +184,12 @@ def completion_logq(raw: torch.Tensor, tokens: list[int], params: SamplingParams
     None for greedy decoding (identical completions are what it produces) or out-of-range ids."""
     if params.temperature <= 0 or raw.shape[0] != len(tokens) or max(tokens) >= raw.shape[1] or min(tokens) < 0:
         return None
-    logq = sampling_distribution(raw, params)
-    picked = logq.gather(1, torch.tensor(tokens, dtype=torch.long)[:, None]).squeeze(1)
+    tok = torch.tensor(tokens, dtype=torch.long)[:, None]
+    if 0 < params.top_k < raw.shape[1] or params.top_p < 1.0:
+        picked = sampling_distribution(raw, params).gather(1, tok).squeeze(1)
+    else:  # untruncated: log q(v) = raw(v) / T - logsumexp(raw / T), without building every row's q
+        scaled = raw.double() / params.temperature
+        picked = scaled.gather(1, tok).squeeze(1) - torch.logsumexp(scaled, dim=-1)
     return float(picked.sum()) if bool(torch.isfinite(picked).all()) else None
 
 

@@ -33,7 +33,7 @@ class HfPrefill:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         self.device = torch.device(device)
         self.dtype = _TORCH_DTYPES[dtype]
-        # sdpa: exact masking of right padding, and the same math for batch sizes 1 and N.
+        # sdpa: causal attention that ignores right padding, and the same math for batch sizes 1 and N.
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=self.dtype, attn_implementation="sdpa")
         self.model: Any = torch.nn.Module.to(model, self.device)
         self.model.eval()
@@ -53,8 +53,8 @@ class HfPrefill:
         batch_size: int = 32,
         batch_tokens: int = 8192,
     ) -> list[Prefill]:
-        """Batched `prefill`: right padding with an attention mask, so every real token keeps positions
-        0..L-1 and (causal attention) never sees a pad; results equal single prefills to float rounding.
+        """Batched `prefill`: right padding, so every real token keeps positions 0..L-1 and (causal
+        attention) never sees a pad; results equal single prefills to float rounding.
         Sequences are batched in order of length (little padding), at most `batch_size` of them and
         `batch_tokens` positions (padding included) a batch, and returned in the order given."""
         items = [(list(p), list(c)) for p, c in pairs]
@@ -77,21 +77,20 @@ class HfPrefill:
             seqs = [items[i][0] + items[i][1][:-1] for i in chunk]
             width = max(len(s) for s in seqs)
             ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-            mask = torch.zeros((len(seqs), width), dtype=torch.long)
             for b, s in enumerate(seqs):
                 ids[b, : len(s)] = torch.as_tensor(s)
-                mask[b, : len(s)] = 1
-            hidden = self.model.model(
-                input_ids=ids.to(self.device), attention_mask=mask.to(self.device)
-            ).last_hidden_state
-            for b, i in enumerate(chunk):
-                p, c = items[i]
-                rows = hidden[b, len(p) - 1 : len(p) - 1 + len(c)]
-                logits = self.model.lm_head(rows)
-                results[i] = Prefill(
-                    hidden=rows.to("cpu", torch.float32).clone(),
-                    logprobs=torch.log_softmax(logits.to(torch.float32), dim=-1).cpu(),
-                )
+            # no attention mask: the pads are on the right, so causal attention alone keeps every real
+            # token from seeing one (the pads' own rows are never read), and sdpa takes its causal path
+            hidden = self.model.model(input_ids=ids.to(self.device)).last_hidden_state
+            # the rows that produced completion tokens, all of the batch's at once through the head
+            spans = [(len(items[i][0]) - 1, len(items[i][1])) for i in chunk]
+            rows = torch.cat([hidden[b, at : at + n] for b, (at, n) in enumerate(spans)])
+            logprobs = torch.log_softmax(self.model.lm_head(rows).to(torch.float32), dim=-1).cpu()
+            states = rows.to("cpu", torch.float32)
+            at = 0
+            for i, (_, n) in zip(chunk, spans, strict=True):
+                results[i] = Prefill(hidden=states[at : at + n], logprobs=logprobs[at : at + n])
+                at += n
         return [r for r in results if r is not None]
 
     @torch.inference_mode()

@@ -171,7 +171,9 @@ def check_sampling(
     """Every token possible under the claimed parameters, and the reported logprobs the model's.
 
     `raw_logprobs` is the validator's [T, V] log-softmax at temperature 1 for the positions that
-    produced the T tokens; `claimed_logprobs` are the worker's reported (raw) logprobs."""
+    produced the T tokens; `claimed_logprobs` are the worker's reported (raw) logprobs. Under exact
+    sampling (`p.exact`) the replay judges every token, so the temperature test's sums are not built
+    (the stats returned are empty) and without top-k / top-p no distribution is built at all."""
     T, V = raw_logprobs.shape
     empty = SamplingStats(0.0, 0.0, 0)
     if len(tokens) != T or len(claimed_logprobs) != T:
@@ -204,6 +206,9 @@ def check_sampling(
             return Verdict(Reason.TOKEN_NOT_GREEDY, f"token {j} is {float(gap[j]):.3f} nats below the argmax"), empty
         return Verdict(Reason.OK, figures={"logprob_max_abs_err": worst}), empty
 
+    truncated = 0 < p.top_k < V or p.top_p < 1.0
+    if p.exact and not truncated:  # the replay checks every token; no distribution to build here
+        return Verdict(Reason.OK, figures={"logprob_max_abs_err": worst}), empty
     scaled = torch.log_softmax(lp / p.temperature, dim=-1)
     tok_scaled = scaled.gather(1, tok[:, None]).squeeze(1)
     if 0 < p.top_k < V:
@@ -229,6 +234,8 @@ def check_sampling(
                 Reason.TOKEN_OUTSIDE_TOP_P,
                 f"token {j}: {float(mass_before[j]):.3f} of the mass ranks above it, top_p is {p.top_p}",
             ), empty
+    if p.exact:  # exact sampling replays every token: the temperature test's sums are never used
+        return Verdict(Reason.OK, figures={"logprob_max_abs_err": worst}), empty
 
     logq = sampling_distribution(raw_logprobs, p)
     q = logq.exp()

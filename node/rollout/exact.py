@@ -48,20 +48,21 @@ def sample_seed(task_seed: int, group: int, sample: int) -> int:
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """(x * c) mod 2^32 for int64 tensors holding 32-bit values, without int64 overflow: one product when
-    c < 2^31 (it stays below 2^63); for larger c, x * (c - 2^31) plus x * 2^31 mod 2^32 (x's low bit)."""
-    if c < 1 << 31:
-        return (x * c) & _M32
-    return (x * (c - (1 << 31)) + ((x & 1) << 31)) & _M32
+    """(x * c) mod 2^32, in place, for an int64 tensor holding 32-bit values: one product that never
+    overflows int64 (a constant of 2^31 or more is used as c - 2^32, which is the same mod 2^32 and keeps
+    |x * c| below 2^63), then the low 32 bits (two's complement: right for a negative product too)."""
+    return x.mul_(c - (1 << 32) if c >= 1 << 31 else c).bitwise_and_(_M32)
 
 
 def _mix(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit finaliser (multiply-xorshift, constants of the 'lowbias32' hash) on int64 tensors."""
+    """A 32-bit finaliser (multiply-xorshift, constants of the 'lowbias32' hash) on int64 tensors; `x`
+    itself is left as it is (the first step makes the tensor the rest works on in place)."""
     x = x ^ (x >> 16)
     x = _mul32(x, 0x7FEB352D)
-    x = x ^ (x >> 15)
+    x ^= x >> 15
     x = _mul32(x, 0x846CA68B)
-    return x ^ (x >> 16)
+    x ^= x >> 16
+    return x
 
 
 def _mix_int(x: int) -> int:
@@ -74,12 +75,22 @@ def _mix_int(x: int) -> int:
     return x ^ (x >> 16)
 
 
-def _position_keys(seed: int, positions: Sequence[int]) -> tuple[list[int], list[int]]:
-    """The two 32-bit keys of each position under `seed` (Python ints: cheap, once per position)."""
+def _seed_key(seed: int) -> int:
+    """The 32-bit key of a 64-bit seed."""
     s0, s1 = seed & _M32, (seed >> 32) & _M32
-    key = _mix_int(s0 ^ _mix_int(s1 ^ 0x9E3779B9))
-    k1 = [_mix_int(key ^ _mix_int(p ^ 0x85EBCA6B)) for p in positions]
-    return k1, [_mix_int(k ^ 0xC2B2AE35) for k in k1]
+    return _mix_int(s0 ^ _mix_int(s1 ^ 0x9E3779B9))
+
+
+def _row_keys(
+    seeds: Sequence[int], positions: Sequence[int], device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two 32-bit noise keys of rows drawn with `seeds[i]` at `positions[i]`, as two [n] int64
+    tensors: each distinct seed's key once (Python ints), every position's in a few tensor passes."""
+    by_seed = {s: _seed_key(s) for s in set(seeds)}
+    key = torch.tensor([by_seed[s] for s in seeds], dtype=torch.int64, device=device)
+    pos = torch.tensor(list(positions), dtype=torch.int64, device=device) & _M32
+    k1 = _mix(key ^ _mix(pos ^ 0x85EBCA6B))
+    return k1, _mix(k1 ^ 0xC2B2AE35)
 
 
 def _hash(tokens: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
@@ -89,11 +100,9 @@ def _hash(tokens: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> to
 
 def noise_bits(seed: int, positions: Sequence[int], vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """[P, V] int64 tensor of 32-bit hash values, one per (position, token id): the raw noise."""
-    k1, k2 = _position_keys(seed, positions)
+    k1, k2 = _row_keys([seed] * len(positions), positions, device)
     tok = torch.arange(vocab, dtype=torch.int64, device=device)[None, :]
-    first = torch.tensor(k1, dtype=torch.int64, device=device).reshape(-1, 1)
-    second = torch.tensor(k2, dtype=torch.int64, device=device).reshape(-1, 1)
-    return _hash(tok, first, second)
+    return _hash(tok, k1[:, None], k2[:, None])
 
 
 def _log(x: torch.Tensor) -> torch.Tensor:
@@ -169,15 +178,6 @@ def _noisy_max(
     score = torch.full_like(scaled, -math.inf)
     score[r, v] = scaled[r, v] + _to_gumbel(bits)
     return score.max(dim=-1)
-
-
-def _row_keys(
-    seeds: Sequence[int], positions: Sequence[int], device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The noise keys of rows drawn with `seeds[i]` at `positions[i]`, as two [n] int64 tensors."""
-    keys = [_position_keys(s, [p]) for s, p in zip(seeds, positions, strict=True)]
-    k1 = torch.tensor([a[0] for a, _ in keys], dtype=torch.int64, device=device)
-    return k1, torch.tensor([b[0] for _, b in keys], dtype=torch.int64, device=device)
 
 
 def choose(logits: torch.Tensor, params: SamplingParams, seed: int, positions: Sequence[int]) -> torch.Tensor:
@@ -257,7 +257,7 @@ def replay_many(
             raise ValueError("the prefill gave NaN log-probabilities: the replay cannot judge this completion")
     device = completions[0][0].device
     # every row's noise keys, and the rows cut into passes of at most `per_pass` rows
-    keys = [_position_keys(seed, range(len(tokens))) for _, tokens, seed in completions]
+    keys = [_row_keys([seed] * len(tokens), range(len(tokens)), device) for _, tokens, seed in completions]
     per_pass = max(1, pass_values // max(1, V))
     slices = [
         (i, lo, min(len(t), lo + per_pass))
@@ -277,8 +277,8 @@ def replay_many(
         tok = torch.as_tensor(
             [t for i, lo, hi in block for t in completions[i][1][lo:hi]], dtype=torch.long, device=device
         )
-        k1 = torch.tensor([k for i, lo, hi in block for k in keys[i][0][lo:hi]], dtype=torch.int64, device=device)
-        k2 = torch.tensor([k for i, lo, hi in block for k in keys[i][1][lo:hi]], dtype=torch.int64, device=device)
+        k1 = torch.cat([keys[i][0][lo:hi] for i, lo, hi in block])
+        k2 = torch.cat([keys[i][1][lo:hi] for i, lo, hi in block])
         gap, best = _replay_rows(raw, tok, k1, k2, params, margin, top_p_slack)
         at = 0
         for i, lo, hi in block:

@@ -70,6 +70,9 @@ class ValidatorConfig:
     model: str | None = None  # None: the model the pool's task spec names; another one refuses to start
     thresholds: Calibrated | None = None  # --thresholds, loaded; None: the spec model's shipped one
     sample_rate: float = 1.0
+    prefill_dtype: str | None = (
+        None  # None: the thresholds' preferred calibrated precision (`Calibrated.prefill_dtype`)
+    )
     poll_every: float = 2.0
     max_internal_errors: int = 3  # a check that fails on our side this often is given up, loudly
     refetch_every: float = 20.0  # unavailable work is asked for again this often, until its deadline
@@ -93,6 +96,7 @@ class Validator(CheckingMixin, DisputesMixin):
         self.secret = self.state.sampling_secret()
         self.spec: TaskSpec | None = None
         self.calibrated: Calibrated | None = None
+        self.prefill_dtype = "float32"  # set with the thresholds, from the pool's spec
         self.last_fetch: dict[str, float] = {}
         self.tools: ModelTools | None = None
         self.prefill: Any = None
@@ -192,13 +196,15 @@ class Validator(CheckingMixin, DisputesMixin):
         self.spec = spec
         self.env = get_env(spec.env)
         self.calibrated = self.cfg.thresholds or Calibrated.load(spec.model)
+        self.prefill_dtype = self.calibrated.prefill_dtype(self.cfg.prefill_dtype)
         return model
 
     def _load_prefill(self) -> Any:
         from ..inference.engine import HfPrefill
 
         assert self.tools is not None
-        return HfPrefill(self.tools.path)
+        log.info("prefill in %s", self.prefill_dtype)
+        return HfPrefill(self.tools.path, dtype=self.prefill_dtype)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ following the ledger
 

@@ -223,3 +223,47 @@ def test_a_validator_with_another_model_than_the_spec_refuses_to_start(tmp_path:
         else:
             with pytest.raises(ConfigError, match="is not the model of pool 1"):
                 trio.run(v.load_spec, {"specURI": uri, "specHash": digest, "poolId": 1})
+
+
+def test_a_bf16_prefill_runs_only_where_its_calibration_covers_it(
+    tmp_path: Path, tiny_model: Path, vllm_engine: Any
+) -> None:
+    """`validate --prefill-dtype bfloat16` (about twice as fast on bf16 CPUs) checks with the shipped tiny
+    thresholds, calibrated against fp32 and bf16 prefills: the honest fp32 file passes, a copied group is
+    still caught. Against thresholds calibrated for fp32 only it refuses to start: honest work would meet
+    bounds nobody measured for that prefill, and an honest provider could be slashed."""
+    import pytest
+    import torch
+
+    from node.errors import ConfigError
+    from node.verify import Calibrated
+
+    uri, digest = write_spec(tmp_path / "spec", sampling=SAMPLING)
+    pool = {"specURI": uri, "specHash": digest, "poolId": 1}
+    cfg = ValidatorConfig(1, tmp_path / "v", "http://127.0.0.1:1", Deployment(31337, {}, 0), prefill_dtype="bfloat16")
+    v = Validator(cfg, Account.create())
+    assert trio.run(v.load_spec, pool) == "tiny"
+    v.tools = model_tools("tiny")
+    prefill = v._load_prefill()
+    assert prefill.dtype is torch.bfloat16
+    f = _honest(vllm_engine, v)
+    assert _verdict(v, f.to_bytes(), prefill)["ok"], "the honest fp32 file must pass a bf16 prefill"
+    copied = dataclasses.replace(
+        f, samples=[dataclasses.replace(f.samples[0], sample=j) for j in range(GROUP)] + list(f.samples[GROUP:])
+    )
+    verdict = _verdict(v, copied.to_bytes(), prefill)
+    assert not verdict["ok"] and verdict["verdict"]["reason"] == "duplicate_samples", verdict["verdict"]
+
+    shipped = Calibrated.load("tiny")
+    assert shipped.prefill_dtypes() == ("float32", "bfloat16") and shipped.prefill_dtype(None) == "float32"
+    fp32_only = dataclasses.replace(shipped, report={"config": {"precision": "fp32"}})
+    bf16_only = dataclasses.replace(shipped, report={"config": {"precision": "bf16"}})
+    assert bf16_only.prefill_dtype(None) == "bfloat16"  # a bf16 pool's validator prefills in bf16 unasked
+    assert dataclasses.replace(shipped, report={}).prefill_dtypes() == ("float32",)  # unknown: fp32 only
+    for thresholds, wanted in ((fp32_only, "bfloat16"), (bf16_only, "float32")):
+        cfg = ValidatorConfig(
+            1, tmp_path / f"v-{wanted}", "http://127.0.0.1:1", Deployment(31337, {}, 0),
+            thresholds=thresholds, prefill_dtype=wanted,
+        )  # fmt: skip
+        with pytest.raises(ConfigError, match=f"not calibrated with a {wanted} prefill"):
+            trio.run(Validator(cfg, Account.create()).load_spec, pool)
