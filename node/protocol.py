@@ -205,11 +205,16 @@ def check_submission(
             return Decision(False, "wrong-prompt", f"group {s.group} does not hold the task's prompt")
         if len(s.completion_tokens) > int(task.sampling["max_tokens"]):
             return Decision(False, "too-long", f"group {s.group} sample {s.sample} exceeds max_tokens")
-        want = env.reward(problem, decode(s.completion_tokens), len(s.completion_tokens))
-        if not math.isfinite(s.reward) or abs(s.reward - want) > REWARD_TOLERANCE:
-            return Decision(False, "wrong-reward", f"group {s.group} sample {s.sample}: {s.reward} claimed, {want}")
     if len(counts) != task.prompts or any(c != task.group_size for c in counts.values()):
         return Decision(False, "wrong-shape", f"expected {task.prompts} groups of {task.group_size}")
+    # every reward at once, once the file's shape is known good (an environment that runs code runs them
+    # in parallel, and never for a file refused on cheaper grounds)
+    wants = env.rewards(
+        [(groups[s.group][0], decode(s.completion_tokens), len(s.completion_tokens)) for s in f.samples]
+    )
+    for s, want in zip(f.samples, wants, strict=True):
+        if not math.isfinite(s.reward) or abs(s.reward - want) > REWARD_TOLERANCE:
+            return Decision(False, "wrong-reward", f"group {s.group} sample {s.sample}: {s.reward} claimed, {want}")
     bad_index = check_sample_indices(f, task.group_size)
     if bad_index is not None:
         return Decision(False, bad_index.reason, bad_index.detail)

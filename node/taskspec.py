@@ -24,7 +24,7 @@ import httpx
 from node.errors import IntellectError
 
 MAX_SPEC_BYTES = 64 * 1024
-ENVIRONMENTS = ("math", "thinking-budget")
+ENVIRONMENTS = ("math", "thinking-budget", "code")
 # the sampling keys a spec may set; any other key is refused (a key nobody checks is a key to lie with)
 SAMPLING_KEYS = {"temperature", "top_p", "top_k", "max_tokens", "exact"}
 

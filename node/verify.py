@@ -267,15 +267,27 @@ class FileChecks:
                     replayed if not replayed.ok else Verdict(Reason.OK, figures=verdict.figures | replayed.figures)
                 )
                 found[k] = (verdict, chunks, stats, logq)
-        out = []
-        for (smp, _, _), (verdict, chunks, stats, logq) in zip(items, found, strict=True):
-            if verdict.ok:
-                problem = self.env.problem(task_seed, smp.group)
-                recomputed = self.env.reward(problem, self.decode(smp.completion_tokens), len(smp.completion_tokens))
-                reward = check_reward(smp.reward, recomputed)
-                verdict = verdict if reward.ok else reward  # a passing verdict keeps its figures
-            out.append(SampleCheck(SampleVerdict(smp.group, smp.sample, verdict, chunks), stats, logq))
-        return out
+        # the rewards of the completions that passed, all at once (code runs in parallel sandboxes)
+        passing = [k for k, (verdict, *_) in enumerate(found) if verdict.ok]
+        recomputed = self.env.rewards_firm(
+            [
+                (self.env.problem(task_seed, items[k][0].group), self.decode(items[k][0].completion_tokens),
+                 len(items[k][0].completion_tokens))
+                for k in passing
+            ]
+        )  # fmt: skip
+        for k, (want, firm) in zip(passing, recomputed, strict=True):
+            verdict, chunks, stats, logq = found[k]
+            reward = check_reward(items[k][0].reward, want)
+            if not reward.ok and not firm:  # our run stopped at a time limit: another machine may not have
+                reward = Verdict(
+                    reward.reason, reward.detail + " (our run ended at a time limit)", {"near_threshold": 1.0}
+                )
+            found[k] = (verdict if reward.ok else reward, chunks, stats, logq)  # a pass keeps its figures
+        return [
+            SampleCheck(SampleVerdict(smp.group, smp.sample, verdict, chunks), stats, logq)
+            for (smp, _, _), (verdict, chunks, stats, logq) in zip(items, found, strict=True)
+        ]
 
     def conclude(self, samples: Sequence[RolloutSample], checks: Sequence[SampleCheck]) -> FileVerdict:
         """The file's verdict from its completions' checks (in the same order as `samples`): the first
@@ -285,10 +297,13 @@ class FileChecks:
         if repeat is not None:  # the file-level cheat is named first, whatever else its copies got wrong
             first_bad = Verdict(Reason.DUPLICATE_SAMPLES, repeat.detail)
         # exact sampling replays every token: a statistical test would only add false positives
-        if first_bad is not None and first_bad.reason is Reason.REPLAY_MISMATCH and repeat is None:
+        # a file whose every failure is near its threshold (a replay gap by the margin, a reward our own run
+        # got at a time limit) is marked so: honest hardware can land there, so it is not slashed
+        soft = (Reason.REPLAY_MISMATCH, Reason.REWARD_MISMATCH)
+        if first_bad is not None and first_bad.reason in soft and repeat is None:
             failed = [c.verdict.verdict for c in checks if not c.verdict.verdict.ok]
-            near = all(v.reason is Reason.REPLAY_MISMATCH and v.figures.get("near_threshold") == 1.0 for v in failed)
-            note = " (every failure near the margin: a numerical outlier is possible)" if near else ""
+            near = all(v.reason in soft and v.figures.get("near_threshold") == 1.0 for v in failed)
+            note = " (every failure near its threshold: an honest outlier is possible)" if near else ""
             first_bad = Verdict(
                 first_bad.reason, first_bad.detail + note, first_bad.figures | {"near_threshold": float(near)}
             )

@@ -22,20 +22,22 @@ def build_rollout_file(
     each is scored with the task's verifier and proved with TOPLOC from its captured hidden states."""
     if len(problems) != len(groups):
         raise ValueError(f"{len(problems)} problems but {len(groups)} completion groups")
-    samples = []
-    for i, (problem, group) in enumerate(zip(problems, groups, strict=True)):
-        for j, c in enumerate(group):
-            samples.append(
-                RolloutSample(
-                    group=i,
-                    sample=j,
-                    task_id=problem.task_id,
-                    prompt_tokens=list(c.prompt_tokens),
-                    completion_tokens=list(c.tokens),
-                    logprobs=[float(x) for x in c.logprobs],
-                    reward=env.reward(problem, decode(list(c.tokens)), len(c.tokens)),
-                    finish_reason=c.finish_reason,
-                    proofs=build_proofs(c.hidden),
-                )
-            )
+    flat = [(i, j, problem, c) for i, (problem, group) in enumerate(zip(problems, groups, strict=True))
+            for j, c in enumerate(group)]  # fmt: skip
+    # every reward at once: an environment that runs code runs them in parallel
+    rewards = env.rewards([(problem, decode(list(c.tokens)), len(c.tokens)) for _, _, problem, c in flat])
+    samples = [
+        RolloutSample(
+            group=i,
+            sample=j,
+            task_id=problem.task_id,
+            prompt_tokens=list(c.prompt_tokens),
+            completion_tokens=list(c.tokens),
+            logprobs=[float(x) for x in c.logprobs],
+            reward=reward,
+            finish_reason=c.finish_reason,
+            proofs=build_proofs(c.hidden),
+        )
+        for (i, j, problem, c), reward in zip(flat, rewards, strict=True)
+    ]
     return RolloutFile(header, samples)

