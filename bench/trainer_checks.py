@@ -26,7 +26,7 @@ from node.inference.engine import SamplingSpec, VllmEngine
 from node.inference.tools import model_tools
 from node.rollout.build import build_rollout_file
 from node.rollout.file import RolloutFile, RolloutHeader, chunks_for
-from node.tasks.math import get_env
+from node.tasks import get_env
 from node.taskspec import TaskSpec
 from node.verify import Calibrated, pool_checks
 from pool.grpo import Trainer

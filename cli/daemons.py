@@ -274,7 +274,10 @@ def validate_command(
 @click.option("--listen", default="/ip4/0.0.0.0/tcp/4001", show_default=True)
 @click.option("--model", help="The pool's model (default: its task spec's; another one is refused).")
 @click.option(
-    "--env", "env_name", type=click.Choice(["math", "thinking-budget"]), help="Environment (default: the spec's)."
+    "--env",
+    "env_name",
+    type=click.Choice(["math", "thinking-budget", "code"]),
+    help="Environment (default: the spec's).",
 )
 @click.option("--prompts", type=int, default=4, show_default=True, help="Problems per task.")
 @click.option("--group-size", type=int, help="Completions per problem (default: the spec's).")

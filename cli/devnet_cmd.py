@@ -20,7 +20,11 @@ import click
 @click.option("--chain-id", type=int, default=31337, show_default=True, help="84532 mimics Base Sepolia.")
 @click.option("--model", default="smollm2", show_default=True, help="smollm2 (SmolLM2-135M-Instruct) or tiny.")
 @click.option(
-    "--env", "env_name", type=click.Choice(["math", "thinking-budget"]), default="thinking-budget", show_default=True
+    "--env",
+    "env_name",
+    type=click.Choice(["math", "thinking-budget", "code"]),
+    default="thinking-budget",
+    show_default=True,
 )
 @click.option("--steps", type=int, default=3, show_default=True, help="Tasks each worker completes.")
 @click.option(

@@ -130,7 +130,6 @@ def rollout_verify(
     from node.rollout.checks import SamplingParams
     from node.rollout.file import RolloutFile, RolloutFormatError, work_key
     from node.rollout.intake import check_sample_indices, check_terms
-    from node.tasks import get_env
     from node.taskspec import TaskSpec, parse_spec
     from node.verify import Calibrated, FileChecks, verify_file
 
@@ -155,7 +154,7 @@ def rollout_verify(
         params: SamplingParams = spec.sampling_params()
         name = model or spec.model
         cal = Calibrated.load(thresholds or name)
-        env = get_env(spec.env)
+        env = spec.environment()
     except EvidenceError as exc:
         raise ConfigError(f"{evidence_file}: {exc}", "is it the evidence of this file?") from None
     except ConfigError:
@@ -195,7 +194,11 @@ def rollout_verify(
     help="A policy checkpoint folder (the coordinator's checkpoints/v<N>); repeatable. `base` is always first.",
 )
 @click.option(
-    "--env", "env_name", type=click.Choice(["math", "thinking-budget"]), default="thinking-budget", show_default=True
+    "--env",
+    "env_name",
+    type=click.Choice(["math", "thinking-budget", "code"]),
+    default="thinking-budget",
+    show_default=True,
 )
 @click.option("--problems", type=click.IntRange(min=2), default=32, show_default=True, help="Held-out problems.")
 @click.option("--samples", type=click.IntRange(min=1), default=8, show_default=True, help="Completions per problem.")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,9 @@ from urllib.parse import unquote, urlparse
 import httpx
 
 from node.errors import IntellectError
+from node.tasks.envs import env_names
 
 MAX_SPEC_BYTES = 64 * 1024
-ENVIRONMENTS = ("math", "thinking-budget", "code")
 # the sampling keys a spec may set; any other key is refused (a key nobody checks is a key to lie with)
 SAMPLING_KEYS = {"temperature", "top_p", "top_k", "max_tokens", "exact"}
 
@@ -42,6 +43,15 @@ class TaskSpec:
     async_level: int = 2
     name: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    env_version: str | None = None  # pins of the environment (`node.tasks.envs.get_env` checks them)
+    env_hash: str | None = None
+
+    def environment(self) -> Any:
+        """This node's environment of the spec's name, refused (`EnvironmentMismatch`) unless it is the
+        version and content the spec pins."""
+        from .tasks import get_env
+
+        return get_env(self.env, version=self.env_version, pinned_hash=self.env_hash)
 
     @property
     def max_tokens(self) -> int:
@@ -88,8 +98,16 @@ def parse_spec(data: bytes, expected_hash: str | None = None) -> TaskSpec:
     model, env, sampling = obj.get("model"), obj.get("environment"), obj.get("sampling")
     if not isinstance(model, str) or not model:
         raise TaskSpecError("task spec: 'model' must be a non-empty string")
-    if env not in ENVIRONMENTS:
-        raise TaskSpecError(f"task spec: 'environment' must be one of {', '.join(ENVIRONMENTS)}, not {env!r}")
+    known_envs = env_names()
+    if env not in known_envs:
+        raise TaskSpecError(
+            f"task spec: 'environment' must be one of {', '.join(known_envs)} (built in or installed here), not {env!r}"
+        )
+    env_version, env_hash = obj.get("environment_version"), obj.get("environment_hash")
+    if env_version is not None and (not isinstance(env_version, str) or not 0 < len(env_version) <= 64):
+        raise TaskSpecError("task spec: 'environment_version' must be a short string")
+    if env_hash is not None and (not isinstance(env_hash, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", env_hash)):
+        raise TaskSpecError("task spec: 'environment_hash' must be 64 hex digits (sha256)")
     if not isinstance(sampling, dict):
         raise TaskSpecError("task spec: 'sampling' must be an object")
     unknown = set(sampling) - SAMPLING_KEYS
@@ -111,9 +129,11 @@ def parse_spec(data: bytes, expected_hash: str | None = None) -> TaskSpec:
         s["exact"] = sampling["exact"]
     group = _number(obj.get("group_size", 4), "group_size", 1, 64, integer=True)
     level = _number(obj.get("async_level", 2), "async_level", 0, 1000, integer=True)
-    known = {"model", "environment", "sampling", "group_size", "async_level", "name"}
+    known = {"model", "environment", "environment_version", "environment_hash", "sampling", "group_size",
+             "async_level", "name"}  # fmt: skip
     name = obj.get("name", "")
-    return TaskSpec(model, env, s, group, level, str(name), {k: v for k, v in obj.items() if k not in known})
+    extra = {k: v for k, v in obj.items() if k not in known}
+    return TaskSpec(model, env, s, group, level, str(name), extra, env_version, env_hash)
 
 
 async def fetch_spec(uri: str, expected_hash: str, *, timeout: float = 15.0) -> TaskSpec:

@@ -32,7 +32,7 @@ from .rollout.checks import (
 from .rollout.exact import replay_many, replay_verdict, sample_seed
 from .rollout.file import RolloutFile, RolloutFormatError, RolloutSample
 from .rollout.intake import check_bounds, check_sample_indices, check_terms, implausible_repeats
-from .tasks.math import MathEnv, get_env
+from .tasks import MathEnv
 from .taskspec import TaskSpec
 from .toploc import ProofFormatError, Thresholds, verify_proofs
 
@@ -354,7 +354,7 @@ def pool_checks(spec: TaskSpec, tools: Any, calibrated: Calibrated) -> FileCheck
     `tools` (a `node.inference.tools.ModelTools` of the spec's model), thresholds from `calibrated`."""
     return FileChecks(
         spec.sampling_params(),
-        get_env(spec.env),
+        spec.environment(),
         tools.encode,
         tools.decode,
         set(tools.stop_ids),

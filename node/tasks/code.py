@@ -139,9 +139,13 @@ class CodeEnv:
         self._sandbox = sandbox
 
     @property
-    def content_hash(self) -> str:
-        """sha256 over the environment's version and its problem data: what a task spec pins."""
-        return hashlib.sha256(f"{self.name}/{self.version}/{_load()[1]}".encode()).hexdigest()
+    def data_hash(self) -> str:
+        """sha256 of the problem file (part of the environment's content hash, `node.tasks.envs`)."""
+        return _load()[1]
+
+    def prepare(self) -> None:
+        """Set up and check the sandbox now (`SandboxUnavailable` where it cannot be), before any work."""
+        _ = self.sandbox
 
     @property
     def sandbox(self) -> Any:

@@ -41,6 +41,10 @@ class MathEnv:
     """Word problems over + - x with small integers; reward 1 for the right final integer, else 0."""
 
     name = "math"
+    version = "1"
+
+    def prepare(self) -> None:
+        """Nothing to set up: arithmetic is scored in-process."""
 
     def problem(self, seed: int, index: int) -> Problem:
         rng = random.Random(f"{self.name}:{seed}:{index}")
@@ -100,17 +104,3 @@ class ThinkingBudgetEnv(MathEnv):
         correct = 1.0 if extract_answer(completion_text) == problem.answer else 0.0
         off = min(1.0, abs(completion_tokens - target) / target)
         return correct - self.penalty * off
-
-
-def get_env(name: str) -> MathEnv:
-    """The environment of that name (`code` sets up its sandbox on first use, not here)."""
-    if name == "code":
-        from .code import CodeEnv
-
-        return CodeEnv()  # type: ignore[return-value]
-    envs: dict[str, type[MathEnv]] = {"math": MathEnv, "thinking-budget": ThinkingBudgetEnv}
-    try:
-        return envs[name]()
-    except KeyError:
-        known = ", ".join(sorted([*envs, "code"]))
-        raise ValueError(f"unknown task environment {name!r}; known: {known}") from None

@@ -48,7 +48,6 @@ from ..p2p.network import PoolNetwork
 from ..policy import PolicyAnnouncement, PolicyBook
 from ..rollout.checks import Reason
 from ..store import DISK_FULL, StoreError
-from ..tasks.math import get_env
 from ..taskspec import TaskSpec, TaskSpecError, pool_spec
 from ..verify import Calibrated
 from . import rules
@@ -194,7 +193,8 @@ class Validator(CheckingMixin, DisputesMixin):
                 f"run with --model {spec.model}, or leave --model out",
             )
         self.spec = spec
-        self.env = get_env(spec.env)
+        self.env = spec.environment()  # the version and content the spec pins, or refused
+        await trio.to_thread.run_sync(self.env.prepare)  # e.g. the code sandbox: refused here if it cannot be
         self.calibrated = self.cfg.thresholds or Calibrated.load(spec.model)
         self.prefill_dtype = self.calibrated.prefill_dtype(self.cfg.prefill_dtype)
         return model

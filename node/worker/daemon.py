@@ -38,6 +38,7 @@ from ..daemon import (
     retry_rpc,
 )
 from ..inference.tools import ModelTools
+from ..inference.types import ContextTooShort
 from ..p2p.blobs import BlobStore, serve_blobs, upload_blob
 from ..p2p.host import P2PError, Refused
 from ..p2p.network import PoolNetwork
@@ -116,6 +117,7 @@ class Worker(JoiningMixin, GenerationMixin, AccusationsMixin):
         self._checker: PoolFileCheck | None = None
         self.self_checked = 0  # rollouts `guard` ran the validators' checks on
         self.spec: Any = None  # the pool's task spec (`off_spec`), read on the first task
+        self.envs: dict[str, Any] = {}  # environments by name, prepared (`GenerationMixin.environment`)
         self.loaded_version = 0
         self.downloaded: dict[int, Path] = {}
         self.phase_started_work = False  # set once joined: from then on the worker waits out outages
@@ -247,6 +249,11 @@ class Worker(JoiningMixin, GenerationMixin, AccusationsMixin):
             except PolicyUnavailable as exc:
                 self.last_error = str(exc)
                 log.warning("%s; asking for work again in 30 s", exc)
+                await trio.sleep(30.0)
+                continue
+            except ContextTooShort as exc:  # its completions would be cut short, i.e. judged truncated
+                self.phase, self.last_error = "refused a task too long for this engine's context", str(exc)
+                log.error("task %s refused: %s (asking again in 30 s)", task.task_id, exc)
                 await trio.sleep(30.0)
                 continue
             await self.guard(data)

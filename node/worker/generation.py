@@ -17,7 +17,7 @@ from ..errors import IntellectError
 from ..inference.tools import model_tools
 from ..policy import PolicyAnnouncement
 from ..rollout.file import RolloutHeader
-from ..tasks.math import get_env
+from ..tasks import get_env
 from . import rules
 
 log = logging.getLogger("intellect.worker")
@@ -38,6 +38,8 @@ class GenerationMixin:
     cfg: Any
     state: Any
     store: Any
+    spec: Any
+    envs: dict[str, Any]
 
     def _load_engine(self, model: str, noise: float = 0.0) -> None:
         from ..inference.engine import VllmEngine
@@ -72,7 +74,7 @@ class GenerationMixin:
             await trio.to_thread.run_sync(self._load_engine, model, noise)
         version = await self.ensure_policy(task)
         assert self.tools is not None
-        tools, env = self.tools, get_env(task.env)
+        tools, env = self.tools, await self.environment(task.env)
         problems = env.problems(task.seed, task.prompts)
         s = task.sampling
         temperature = float(s["temperature"]) * (2.0 if self.cfg.cheat == "temperature" else 1.0)
@@ -115,6 +117,17 @@ class GenerationMixin:
             return f.to_bytes()
 
         return await trio.to_thread.run_sync(work)
+
+    async def environment(self, name: str) -> Any:
+        """The task's environment, prepared once: the version and content the pool's spec pins where the
+        spec could be read (`EnvironmentMismatch` otherwise), its sandbox set up for code (a worker that
+        cannot sandbox stops with the reason, before it generates anything)."""
+        if name not in self.envs:
+            spec = self.spec
+            env = spec.environment() if spec is not None and spec.env == name else get_env(name)
+            await trio.to_thread.run_sync(env.prepare)
+            self.envs[name] = env
+        return self.envs[name]
 
     async def off_spec(self, task: protocol.Task) -> str | None:
         """Why `task` is not under the pool's spec (`rules.task_against_spec`), or None. The spec is read

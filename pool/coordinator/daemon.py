@@ -38,7 +38,7 @@ from node.p2p.host import COORDINATOR_MAX_CONNECTIONS
 from node.p2p.membership import ChainMembership
 from node.p2p.network import PoolNetwork
 from node.policy import RelayBook
-from node.tasks.math import get_env
+from node.tasks import get_env
 from node.taskspec import TaskSpec, TaskSpecError, pool_spec
 from node.weights.serve import serve_weights
 from node.weights.store import WeightStore
@@ -171,6 +171,7 @@ class Coordinator(IntakeMixin, LedgerMixin, NetworkMixin, TrainingMixin):
                     "start it with `intellect-node pool start`",
                 )
             self.load_spec(await self.fetch_spec(info))
+            await trio.to_thread.run_sync(self.env.prepare)  # e.g. the code sandbox: refused here if it cannot be
             self.tools = await trio.to_thread.run_sync(model_tools, cfg.model)
             if cfg.train:
                 self.checks = self.training_checks()
@@ -250,7 +251,7 @@ class Coordinator(IntakeMixin, LedgerMixin, NetworkMixin, TrainingMixin):
         cfg.model, cfg.env, cfg.group_size, cfg.async_level = spec.model, spec.env, spec.group_size, spec.async_level
         cfg.sampling = dict(spec.sampling)
         self.spec = spec
-        self.env = get_env(spec.env)
+        self.env = spec.environment()  # the version and content the spec pins, or refused
 
     def training_checks(self) -> Any:
         """The checks the trainer runs on every sample before it trains on it (the validator's, from the

@@ -32,10 +32,16 @@ DEVNET_MAX_TOKENS = 64
 
 
 def task_spec(model: str, env: str) -> dict[str, Any]:
+    from node.tasks import content_hash, get_env
+
+    environment = get_env(env)
     return {
-        "name": "devnet-arithmetic",
+        "name": "devnet-code" if env == "code" else "devnet-arithmetic",
         "model": model,
         "environment": env,
+        # pinned: a node whose environment differs (another release, a changed plug-in) refuses the pool
+        "environment_version": environment.version,
+        "environment_hash": content_hash(environment),
         "sampling": {"temperature": 1.0, "top_p": 1.0, "max_tokens": DEVNET_MAX_TOKENS, "exact": True},
         "group_size": 8,
         "async_level": 2,

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from node.rollout.checks import Reason, Verdict
+from node.tasks import Problem, content_hash, get_env
 from node.tasks.code import CodeEnv, _load, passed_cases, solution_source, split_cases
-from node.tasks.math import Problem, get_env
 
 ROWS = _load()[0]
 
@@ -47,7 +47,7 @@ def test_the_problems_are_seeded_and_the_prompt_shows_the_function(env: CodeEnv)
     a, b = env.problems(7, 5), env.problems(7, 5)
     assert a == b and env.problems(8, 5) != a
     assert all(ROWS[p.meta["humaneval"]]["prompt"] in p.prompt for p in a)
-    assert len(env.content_hash) == 64
+    assert len(content_hash(env)) == 64 and len(env.data_hash) == 64
 
 
 def test_honest_solutions_score_the_share_of_cases_they_pass(env: CodeEnv) -> None:

@@ -20,7 +20,7 @@ from node.p2p.network import PoolNetwork
 from node.p2p.rules import Membership
 from node.rollout.build import build_rollout_file
 from node.rollout.file import RolloutHeader, work_key
-from node.tasks.math import get_env
+from node.tasks import get_env
 from pool.coordinator import Coordinator, CoordinatorConfig
 from tests.conftest import World, slash_now
 from tests.integration.test_coordinator import _pool_with_two_members

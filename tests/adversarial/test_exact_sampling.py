@@ -17,7 +17,7 @@ from node.rollout.build import build_rollout_file
 from node.rollout.checks import Reason
 from node.rollout.exact import allowed, gumbel, sample_seed
 from node.rollout.file import RolloutFile, RolloutHeader
-from node.tasks.math import get_env
+from node.tasks import get_env
 from node.taskspec import TaskSpec
 from node.verify import Calibrated, FileVerdict, pool_checks, verify_file
 

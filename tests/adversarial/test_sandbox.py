@@ -128,3 +128,26 @@ def test_the_limits_themselves_are_checked() -> None:
         Limits(cpu_s=0)
     with pytest.raises(ValueError, match="parallel"):
         Sandbox(LIMITS, parallel=0)
+
+
+def test_where_no_sandbox_can_be_set_up_code_is_refused_not_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A bubblewrap that cannot make a sandbox (here: one that always fails) stops the node with the reason
+    before any model code runs; nothing falls back to running it unsandboxed."""
+    from node.sandbox import SandboxUnavailable
+    from node.tasks.code import CodeEnv
+
+    monkeypatch.setenv("INTELLECT_BWRAP", "/bin/false")
+    with pytest.raises(SandboxUnavailable, match="cannot be set up"):
+        Sandbox(LIMITS).probe()
+    env = CodeEnv()
+    canary = tmp_path / "ran"
+    with pytest.raises(SandboxUnavailable):
+        env.prepare()
+    with pytest.raises(SandboxUnavailable):
+        env.rewards([(env.problem(1, 0), f"    open({str(canary)!r}, 'w').write('ran')\n", 5)])
+    assert not canary.exists()
+    monkeypatch.setenv("INTELLECT_BWRAP", str(tmp_path / "missing"))
+    with pytest.raises(SandboxUnavailable, match="not an executable"):
+        Sandbox(LIMITS)

@@ -17,7 +17,7 @@ from node.inference.tools import model_tools
 from node.rollout.build import build_rollout_file
 from node.rollout.checks import Reason
 from node.rollout.file import RolloutFile, RolloutHeader, chunks_for
-from node.tasks.math import get_env
+from node.tasks import get_env
 from node.taskspec import TaskSpec
 from node.verify import Calibrated, pool_checks
 

@@ -112,17 +112,19 @@ def test_devnet_lying_validator_is_appealed_and_overturned(tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_devnet_with_each_cheat_kind(tmp_path: Path) -> None:
-    """`intellect-node devnet --adversary --adversary-kind duplicate --adversary-kind poison --workers 1`: one
-    cheater copies one completion to fill each group (its logprobs inflated so the coordinator's own repeat
-    bound lets them in), the other sends files with zeroed proofs, in the same run. Each cheater's every
-    rollout is invalidated for its own reason and slashed, the honest worker is paid, and nothing was
-    trained on that the trainer had not verified."""
+    """`intellect-node devnet --env code --adversary --adversary-kind duplicate --adversary-kind poison
+    --workers 1`: code tasks (HumanEval, every reward computed in the sandbox by worker, coordinator and
+    validators alike); one cheater copies one completion to fill each group (its logprobs inflated so the
+    coordinator's own repeat bound lets them in), the other sends files with zeroed proofs, in the same
+    run. Each cheater's every rollout is invalidated for its own reason and slashed, the honest worker is
+    paid (the same rewards on every node), and nothing was trained on that the trainer had not verified."""
     pytest.importorskip("vllm")
     report_path = tmp_path / "r.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("INTELLECT_")}
     p = subprocess.run(
-        [sys.executable, "-m", "cli.main", "devnet", "--model", "tiny", "--adversary", "--adversary-kind", "duplicate",
-         "--adversary-kind", "poison", "--workers", "1", "--steps", "3", "--report", str(report_path),
+        [sys.executable, "-m", "cli.main", "devnet", "--model", "tiny", "--env", "code", "--adversary",
+         "--adversary-kind", "duplicate", "--adversary-kind", "poison", "--workers", "1", "--steps", "3",
+         "--report", str(report_path),
          "--dir", str(tmp_path / "dn"), "--timeout", "420"],
         capture_output=True, text=True, timeout=480, env=env, cwd=str(ROOT),
     )  # fmt: skip

@@ -166,6 +166,12 @@ def test_rejected_batch_leaves_engine_clean(
     for bad in ([], [5] * 2000, [512]):  # empty, longer than max_model_len, outside the vocabulary
         with pytest.raises(ValueError):
             vllm_engine.generate([prompts[0], bad], spec)
+    # a prompt that fits but leaves less than max_tokens of context: its completion would be cut short and
+    # judged truncated by every validator, so it is not generated at all
+    from node.inference.engine import ContextTooShort
+
+    with pytest.raises(ContextTooShort, match="engine's context is 1024"):
+        vllm_engine.generate([prompts[0], [5] * (1024 - 4)], spec)
 
     # vLLM refusing a request after others were queued: the queued ones are aborted, not left behind
     engine = vllm_engine.llm.llm_engine
