@@ -154,3 +154,53 @@ def test_a_reward_our_run_got_at_a_time_limit_is_never_a_slash(env: CodeEnv) -> 
         samples = [RolloutSample(0, j, "t", [1], [j + 2], [-1.0], 1.0, "stop", []) for j in range(len(verdicts))]
         fv = checks.conclude(samples, [SampleCheck(SampleVerdict(0, j, v)) for j, v in enumerate(verdicts)])
         assert not fv.ok and invalidation_is_hard(stored_reason(fv.to_dict())) is hard, verdicts
+
+
+def test_the_validator_recomputes_a_real_files_code_rewards_and_catches_a_lie(
+    tmp_path: Path, tiny_model: Path, vllm_engine: Any, hf_prefill: Any
+) -> None:
+    """A code file the real engine generated (tiny model) passes the validator's whole pipeline with the
+    rewards its worker computed in its own sandbox; the same file with one reward raised fails as
+    `reward_mismatch`, a hard verdict (the validator's run ended within its limits)."""
+    import dataclasses
+
+    import trio
+    from eth_account import Account
+
+    from node.chain.deployment import Deployment
+    from node.inference.engine import SamplingSpec
+    from node.inference.tools import model_tools
+    from node.rollout.build import build_rollout_file
+    from node.rollout.checks import invalidation_is_hard, stored_reason
+    from node.rollout.file import RolloutHeader
+    from node.validator import Validator, ValidatorConfig
+    from node.verify import FileVerdict
+    from tests.conftest import write_spec
+
+    tools = model_tools("tiny")
+    env = CodeEnv()
+    sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 16, "exact": True}
+    # a task seed whose two problems fit the test engine's 1024-token context with room to generate
+    seed = next(s for s in range(100) if all(len(tools.encode(p.prompt)) < 900 for p in env.problems(s, 2)))
+    uri, digest = write_spec(tmp_path / "spec", environment="code", sampling=sampling, group_size=2)
+    v = Validator(ValidatorConfig(1, tmp_path / "v", "http://127.0.0.1:1", Deployment(31337, {}, 0)), Account.create())
+    assert trio.run(v.load_spec, {"specURI": uri, "specHash": digest, "poolId": 1}) == "tiny"
+    v.tools = tools
+    problems = env.problems(seed, 2)
+    spec = SamplingSpec(1.0, 1.0, 16, seed=seed, stop_token_ids=tuple(sorted(tools.stop_ids)), exact=True)
+    groups = vllm_engine.generate([tools.encode(p.prompt) for p in problems], spec, n=2)
+    header = RolloutHeader(1, "0x" + "ab" * 20, 0, "code", seed, dict(sampling), "tiny")
+    f = build_rollout_file(header, problems, groups, env=env, decode=tools.decode)
+    row = {"work_key": "0x" + "00" * 32, "node": header.node, "policy_version": 0, "attempts": 0, "status": "pending"}
+
+    def verdict(data: bytes) -> dict[str, Any]:
+        g = v.intake(data, row)
+        return g.to_dict() if isinstance(g, FileVerdict) else v.judge(g, row, hf_prefill)
+
+    honest = verdict(f.to_bytes())
+    assert honest["ok"], honest["verdict"]
+    raised = dataclasses.replace(f.samples[1], reward=f.samples[1].reward + 0.5)
+    lied = dataclasses.replace(f, samples=[f.samples[0], raised, *f.samples[2:]])
+    bad = verdict(lied.to_bytes())
+    assert not bad["ok"] and bad["verdict"]["reason"] == "reward_mismatch", bad["verdict"]
+    assert invalidation_is_hard(stored_reason(bad))
