@@ -88,6 +88,7 @@ def evaluate(
     started = time.perf_counter()
     tools = model_tools(model)
     env = get_env(env_name)
+    env.prepare()  # the code sandbox, before the engine loads
     probs = env.problems(eval_seed(seed), problems)
     encoded = [tools.encode(p.prompt) for p in probs]
     spec = SamplingSpec(temperature, 1.0, max_tokens, seed=seed, stop_token_ids=tuple(sorted(tools.stop_ids)))
@@ -96,9 +97,16 @@ def evaluate(
         for label, folder in checkpoints.items():
             engine.reload_weights(folder if folder is not None else tools.path)
             groups = engine.generate(encoded, spec, n=samples)
+            # every completion's reward in one batch (code runs in parallel sandboxes)
+            rewards = env.rewards(
+                [
+                    (p, tools.decode(list(c.tokens)), len(c.tokens))
+                    for p, g in zip(probs, groups, strict=True)
+                    for c in g
+                ]
+            )
             out.per_problem[label] = [
-                statistics.fmean(env.reward(p, tools.decode(list(c.tokens)), len(c.tokens)) for c in group)
-                for p, group in zip(probs, groups, strict=True)
+                statistics.fmean(rewards[i * samples : (i + 1) * samples]) for i in range(len(probs))
             ]
             if progress is not None:
                 progress(f"evaluated {label}: mean reward {out.mean(label):.3f}")
