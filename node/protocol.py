@@ -209,11 +209,13 @@ def check_submission(
         return Decision(False, "wrong-shape", f"expected {task.prompts} groups of {task.group_size}")
     # every reward at once, once the file's shape is known good (an environment that runs code runs them
     # in parallel, and never for a file refused on cheaper grounds)
-    wants = env.rewards(
+    # (a reward that depended on timing, e.g. code near its time limit, is left to the validators: our
+    # own run may have been the slow one)
+    wants = env.rewards_firm(
         [(groups[s.group][0], decode(s.completion_tokens), len(s.completion_tokens)) for s in f.samples]
     )
-    for s, want in zip(f.samples, wants, strict=True):
-        if not math.isfinite(s.reward) or abs(s.reward - want) > REWARD_TOLERANCE:
+    for s, (want, firm) in zip(f.samples, wants, strict=True):
+        if not math.isfinite(s.reward) or (firm and abs(s.reward - want) > REWARD_TOLERANCE):
             return Decision(False, "wrong-reward", f"group {s.group} sample {s.sample}: {s.reward} claimed, {want}")
     bad_index = check_sample_indices(f, task.group_size)
     if bad_index is not None:

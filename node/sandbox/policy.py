@@ -57,11 +57,35 @@ _ARCHES = {
     "x86_64": (0xC000003E, 56, 57, 58, 435),
     "aarch64": (0xC00000B7, 220, None, None, 435),
 }
+# Calls refused with EPERM: reaching other processes (ptrace: the sandbox's own init has no rlimits and
+# could be made to outlive the run; process_vm_*, pidfd_*), the kernel's bigger attack surface (bpf,
+# perf_event_open, userfaultfd, io_uring, keyrings), and changing mounts or namespaces.
+_DENIED = {
+    "x86_64": {
+        "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "pidfd_open": 434, "pidfd_getfd": 438,
+        "perf_event_open": 298, "bpf": 321, "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426,
+        "io_uring_register": 427, "add_key": 248, "request_key": 249, "keyctl": 250, "mount": 165, "umount2": 166,
+        "pivot_root": 155, "chroot": 161, "unshare": 272, "setns": 308, "open_tree": 428, "move_mount": 429,
+        "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
+        "open_by_handle_at": 304, "name_to_handle_at": 303, "init_module": 175, "finit_module": 313,
+        "delete_module": 176, "kexec_load": 246, "reboot": 169, "acct": 163, "personality": 135,
+    },
+    "aarch64": {
+        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_open": 434, "pidfd_getfd": 438,
+        "perf_event_open": 241, "bpf": 280, "userfaultfd": 282, "io_uring_setup": 425, "io_uring_enter": 426,
+        "io_uring_register": 427, "add_key": 217, "request_key": 218, "keyctl": 219, "mount": 40, "umount2": 39,
+        "pivot_root": 41, "chroot": 51, "unshare": 97, "setns": 268, "open_tree": 428, "move_mount": 429,
+        "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
+        "open_by_handle_at": 265, "name_to_handle_at": 264, "init_module": 105, "finit_module": 273,
+        "delete_module": 106, "kexec_load": 104, "reboot": 142, "acct": 89, "personality": 92,
+    },
+}  # fmt: skip
 
 
 def seccomp_program(machine: str | None = None) -> bytes:
     """The filter (an array of `struct sock_filter`) for this machine's architecture: another
-    architecture's calls (or x32's) kill the process; new processes fail; everything else is allowed."""
+    architecture's calls (or x32's) kill the process; new processes and the `_DENIED` calls fail;
+    everything else is allowed."""
     machine = machine or platform.machine()
     if machine not in _ARCHES:
         raise ValueError(f"no seccomp filter for architecture {machine!r} (known: {', '.join(sorted(_ARCHES))})")
@@ -75,7 +99,7 @@ def seccomp_program(machine: str | None = None) -> bytes:
     if machine == "x86_64":  # the x32 ABI's numbers have bit 30 set
         ops.append((_JGE_K, 0, 1, 0x40000000))
         ops.append((_RET_K, 0, 0, _KILL))
-    for nr in (fork, vfork):
+    for nr in (fork, vfork, *sorted(_DENIED[machine].values())):
         if nr is not None:
             ops.append((_JEQ_K, 0, 1, nr))
             ops.append((_RET_K, 0, 0, _ERRNO | _EPERM))
@@ -101,6 +125,7 @@ def bootstrap(limits: Limits) -> str:
         ("RLIMIT_NOFILE", limits.open_files),
         ("RLIMIT_FSIZE", limits.file_bytes),
         ("RLIMIT_CORE", 0),
+        ("RLIMIT_STACK", 8 << 20),  # the same on every node, whatever the host's
     ]
     # CPU: SIGXCPU at the limit (the run ends, reported as over its CPU time), SIGKILL a second later
     # for code that catches it; the others hard at once
@@ -110,13 +135,15 @@ def bootstrap(limits: Limits) -> str:
     return (
         "import resource, sys\n"
         f"{sets}"
-        "src = sys.stdin.buffer.read()\n"
-        "del resource\n"
-        "exec(compile(src, '<program>', 'exec'), {'__name__': '__main__', '__builtins__': __builtins__})\n"
+        "_read = sys.stdin.buffer.read\n"
+        "del resource, sys\n"
+        "exec(compile(_read(), '<program>', 'exec'), {'__name__': '__main__', '__builtins__': __builtins__})\n"
     )
 
 
-def bwrap_argv(bwrap: str, python: str, prefix: str, limits: Limits, seccomp_fd: int) -> list[str]:
+def bwrap_argv(
+    bwrap: str, python: str, prefix: str, limits: Limits, seccomp_fd: int, version: str = "3.11"
+) -> list[str]:
     """bubblewrap running `python` (whose installation lives under `prefix`, bound read-only) on the
     bootstrap, with the filter read from `seccomp_fd` (an fd the runner passes to bwrap)."""
     argv = [bwrap, "--ro-bind", "/usr", "/usr"]
@@ -124,6 +151,9 @@ def bwrap_argv(bwrap: str, python: str, prefix: str, limits: Limits, seccomp_fd:
         argv += ["--symlink", target, link]
     if not prefix.startswith("/usr/"):
         argv += ["--ro-bind", prefix, prefix]
+    # the interpreter's installed packages differ between nodes: hidden, so no run can depend on them
+    site = f"{prefix}/lib/python{version}/site-packages"
+    argv += ["--tmpfs", site, "--remount-ro", site]
     argv += [
         "--dev", "/dev",
         "--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp",
@@ -133,6 +163,8 @@ def bwrap_argv(bwrap: str, python: str, prefix: str, limits: Limits, seccomp_fd:
         "--die-with-parent", "--new-session",
         "--clearenv", "--setenv", "PYTHONHASHSEED", "0", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
         "--seccomp", str(seccomp_fd),
-        python, "-I", "-S", "-B", "-c", bootstrap(limits),
+        # not -I: its -E would ignore PYTHONHASHSEED (and --clearenv leaves no other PYTHON* variable);
+        # -s -P are the rest of what -I does, -S skips site, -B writes no bytecode
+        python, "-s", "-P", "-S", "-B", "-c", bootstrap(limits),
     ]  # fmt: skip
     return argv

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -94,6 +95,8 @@ class Sandbox:
         self.parallel = parallel
         self.python = os.path.realpath(python or sys.executable)
         self.prefix = os.path.realpath(sys.base_prefix) if python is None else str(Path(self.python).parents[1])
+        found = re.search(r"python(\d+\.\d+)$", self.python)
+        self.version = found.group(1) if found else f"{sys.version_info.major}.{sys.version_info.minor}"
         self.bwrap = find_bwrap()
         self.seccomp = seccomp_program()
 
@@ -173,7 +176,7 @@ class Sandbox:
         try:
             os.write(fd, self.seccomp)
             os.lseek(fd, 0, os.SEEK_SET)
-            argv = bwrap_argv(self.bwrap, self.python, self.prefix, self.limits, fd)
+            argv = bwrap_argv(self.bwrap, self.python, self.prefix, self.limits, fd, self.version)
             proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.PIPE,
@@ -208,7 +211,8 @@ class Sandbox:
             run.proc.wait(timeout=5)
 
     def _finish(self, run: _Run) -> RunResult:
-        self._kill(run)  # whatever it left behind in its group goes with it
+        if run.proc.returncode is None:  # not reaped yet: its group id cannot have been reused
+            self._kill(run)  # whatever it left behind in its group goes with it
         self._close(run)
         code = run.proc.returncode
         wall = time.monotonic() - run.started

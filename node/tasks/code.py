@@ -24,6 +24,7 @@ import json
 import os
 import random
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -35,6 +36,12 @@ from .math import Problem
 MARK = "@@intellect-node-case"
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.S)
 LIMIT_STATUSES = ("timeout", "cpu_limit", "killed", "output_limit")
+# A run that took this share of its CPU limit (as wall time: an over-estimate under load, which errs on
+# the safe side) might have hit the limit on a machine that many times slower: its reward is not firm.
+SLOW_SHARE = 0.2
+# The sandbox's bounds for one completion's run (the wall limit well above the CPU limit, so that a busy
+# machine, e.g. a worker generating meanwhile, does not cut a run its CPU time would allow)
+LIMITS = {"cpu_s": 5, "wall_s": 20.0}
 
 
 def humaneval_path() -> Path:
@@ -99,21 +106,25 @@ def program(solution: str, steps: Sequence[tuple[bool, str]], entry_point: str, 
         "for _i, (_case, _src) in enumerate(_steps):\n"
         "    try:\n"
         "        exec(compile(_src, f'<step {_i}>', 'exec'), _ns)\n"
-        "        _ok = True\n"
+        "        _ok = 1\n"
+        "    except (MemoryError, RecursionError):\n"
+        "        _ok = 2\n"  # a limit another machine may place differently
         "    except BaseException:\n"
-        "        _ok = False\n"
+        "        _ok = 0\n"
         "    if _case:\n"
         f"        _sys.__stdout__.write('\\n{MARK}-{nonce} %d %d\\n' % (_i, _ok))\n"
         "        _sys.__stdout__.flush()\n"
     )
 
 
-def passed_cases(stdout: bytes, steps: Sequence[tuple[bool, str]], nonce: str) -> int:
-    """Distinct cases the run reported passed (report lines for other steps count for nothing)."""
+def passed_cases(stdout: bytes, steps: Sequence[tuple[bool, str]], nonce: str) -> tuple[int, bool]:
+    """Distinct cases the run reported passed (report lines for other steps count for nothing), and
+    whether a case ran out of memory or stack (outcome 2)."""
     cases = {i for i, (is_case, _) in enumerate(steps) if is_case}
     text = stdout.decode("utf-8", errors="replace")
-    report = re.compile(rf"^{re.escape(MARK)}-{re.escape(nonce)} (\d+) ([01])$", re.M)
-    return len({int(m.group(1)) for m in report.finditer(text) if m.group(2) == "1" and int(m.group(1)) in cases})
+    report = re.compile(rf"^{re.escape(MARK)}-{re.escape(nonce)} (\d+) ([012])$", re.M)
+    found = [(int(m.group(1)), m.group(2)) for m in report.finditer(text) if int(m.group(1)) in cases]
+    return len({i for i, outcome in found if outcome == "1"}), any(outcome == "2" for _, outcome in found)
 
 
 @dataclass(frozen=True)
@@ -122,11 +133,13 @@ class CodeScore:
     passed: int
     cases: int
     status: str  # the sandboxed run's (`node.sandbox.RunResult.status`)
+    slow: bool = False  # it used SLOW_SHARE of its CPU limit, or a case ran out of memory or stack
 
     @property
     def at_limit(self) -> bool:
-        """The run ended at a time or size limit: another machine may have got further (or not as far)."""
-        return self.status in LIMIT_STATUSES
+        """The run ended at a limit, or came near one: another machine may have got further (or not as
+        far), so this reward is not grounds for an accusation."""
+        return self.status in LIMIT_STATUSES or self.slow
 
 
 class CodeEnv:
@@ -140,8 +153,16 @@ class CodeEnv:
 
     @property
     def data_hash(self) -> str:
-        """sha256 of the problem file (part of the environment's content hash, `node.tasks.envs`)."""
-        return _load()[1]
+        """What a reward depends on besides this module (part of the environment's content hash,
+        `node.tasks.envs`): the problem file, the sandbox's rules and runner, the interpreter's version."""
+        from ..sandbox import policy, runner
+
+        h = hashlib.sha256(_load()[1].encode())
+        for module in (policy, runner):
+            with open(module.__file__ or "", "rb") as f:
+                h.update(hashlib.sha256(f.read()).digest())
+        h.update(f"python{sys.version_info.major}.{sys.version_info.minor}".encode())
+        return h.hexdigest()
 
     def prepare(self) -> None:
         """Set up and check the sandbox now (`SandboxUnavailable` where it cannot be), before any work."""
@@ -153,7 +174,7 @@ class CodeEnv:
         if self._sandbox is None:
             from ..sandbox import Limits, Sandbox
 
-            box = Sandbox(Limits(cpu_s=5, wall_s=10.0), parallel=max(1, min(4, os.cpu_count() or 1)))
+            box = Sandbox(Limits(**LIMITS), parallel=max(1, min(4, os.cpu_count() or 1)))
             box.probe()
             self._sandbox = box
         return self._sandbox
@@ -186,8 +207,9 @@ class CodeEnv:
         out = []
         for steps, nonce, r in zip(steps_of, nonces, results, strict=True):
             cases = sum(1 for is_case, _ in steps if is_case)
-            passed = passed_cases(r.stdout, steps, nonce)
-            out.append(CodeScore(passed / cases if cases else 0.0, passed, cases, r.status))
+            passed, exhausted = passed_cases(r.stdout, steps, nonce)
+            slow = exhausted or r.wall_s >= SLOW_SHARE * self.sandbox.limits.cpu_s
+            out.append(CodeScore(passed / cases if cases else 0.0, passed, cases, r.status, slow))
         return out
 
     def reward(self, problem: Problem, completion_text: str, completion_tokens: int) -> float:

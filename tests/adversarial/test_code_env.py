@@ -74,6 +74,8 @@ HOSTILE = {
     "kill the parent": "    import os, signal\n    os.kill({me}, signal.SIGKILL)\n    os.kill(os.getppid(), signal.SIGKILL)\n",
     "exit early": "    import os\n    os._exit(0)\n",
     "fake report": "    print('@@intellect-node-case 0 1')\n    print('@@intellect-node-case-0 0 1')\n    raise SystemExit\n",
+    "catch the cpu signal": "    import signal\n    def stop(*a):\n        raise ValueError\n"
+    "    signal.signal(signal.SIGXCPU, stop)\n    while True:\n        pass\n",
 }
 
 
@@ -88,6 +90,9 @@ def test_hostile_completions_are_contained_and_score_nothing(env: CodeEnv, tmp_p
         assert s.reward == 0.0, (name, s)
     by = dict(zip(names, scores, strict=True))
     assert by["infinite loop"].at_limit and by["sleep"].at_limit and by["huge output"].at_limit
+    # it survives its CPU limit (the case fails, the run ends normally) but took its whole CPU time: on
+    # a faster machine that case might have passed, so the reward is not firm
+    assert by["catch the cpu signal"].at_limit
     assert not by["network"].at_limit and not by["fork bomb"].at_limit
     assert not victim.exists() and secret.read_text() == "x"
     assert env.scores([(_problem(0), ROWS[0]["canonical_solution"])])[0].reward == 1.0  # still working
@@ -96,7 +101,8 @@ def test_hostile_completions_are_contained_and_score_nothing(env: CodeEnv, tmp_p
 def test_report_lines_need_the_runs_nonce() -> None:
     steps = [(True, "assert True"), (False, "x = 1"), (True, "assert True")]
     out = b"@@intellect-node-case-abc 0 1\n@@intellect-node-case-abc 1 1\n@@intellect-node-case-zzz 2 1\n"
-    assert passed_cases(out, steps, "abc") == 1  # step 1 is set-up, and case 2's line has another nonce
+    assert passed_cases(out, steps, "abc") == (1, False)  # step 1 is set-up, case 2's line has another nonce
+    assert passed_cases(out + b"@@intellect-node-case-abc 2 2\n", steps, "abc") == (1, True)  # out of memory
     assert solution_source("def f():\n", "    return 1\n", "f") == "def f():\n    return 1\n"
     assert solution_source("P\n", "```python\ndef f():\n    return 2\n```", "f").endswith("return 2\n")
 
@@ -134,6 +140,11 @@ def test_the_intake_recomputes_code_rewards_and_refuses_a_lie(env: CodeEnv) -> N
     lied = [*honest[:1], sample(0, 1, 2, r0 + 0.5), *honest[2:]]
     d = intake(lied)
     assert not d.accepted and d.reason == "wrong-reward", d
+    # a completion that runs into its time limit: its reward depends on the machine, so the intake leaves it
+    # to the validators (whose verdict on it is soft) rather than refuse what may be an honest file
+    texts.append("    while True:\n        pass\n")
+    timing = [*honest[:1], sample(0, 1, 3, 1.0), *honest[2:]]
+    assert intake(timing).accepted
 
 
 def test_a_reward_our_run_got_at_a_time_limit_is_never_a_slash(env: CodeEnv) -> None:

@@ -151,3 +151,22 @@ def test_where_no_sandbox_can_be_set_up_code_is_refused_not_run(
     monkeypatch.setenv("INTELLECT_BWRAP", str(tmp_path / "missing"))
     with pytest.raises(SandboxUnavailable, match="not an executable"):
         Sandbox(LIMITS)
+
+
+def test_runs_are_deterministic_and_the_sandbox_cannot_reach_its_own_init(sandbox: Sandbox) -> None:
+    """Found in review: `-I` made the interpreter ignore PYTHONHASHSEED, so set order (and rewards) changed
+    from run to run; and ptrace let the code take over the sandbox's init (no rlimits) and outlive the run."""
+    import sys
+
+    runs = sandbox.run_many(["print(hash('a'), list({'b', 'c', 'd', 'e', 'f'}))"] * 3)
+    assert all(r.status == "ok" for r in runs) and len({r.stdout for r in runs}) == 1, runs
+    attach = (
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(libc.ptrace(16, 1, 0, 0), ctypes.get_errno())\n"  # PTRACE_ATTACH to pid 1
+    )
+    assert sandbox.run(attach).stdout == b"-1 1\n"  # EPERM
+    site = f"{sys.base_prefix}/lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
+    r = sandbox.run(f"import sys\nsys.path.insert(0, {site!r})\nimport pip\n")  # what each node installed
+    assert r.status == "error" and b"No module named 'pip'" in r.stderr, r
+    r = sandbox.run("import sys\nprint(sorted(vars(sys.modules['__main__'])))\n")
+    assert b"src" not in r.stdout and b"code" not in r.stdout, r  # the bootstrap keeps no program text

@@ -43,7 +43,10 @@ def test_the_filter_refuses_new_processes_and_allows_threads() -> None:
     assert _run_filter(prog, X86, 0) == ALLOW and _run_filter(prog, X86, 1) == ALLOW  # read, write
     assert _run_filter(prog, 0x40000003, 2) == KILL  # another architecture (i386)
     assert _run_filter(prog, X86, 0x40000000 | 57) == KILL  # the x32 ABI
+    for nr in (101, 310, 311, 434, 438, 298, 321, 323, 425, 250, 165, 272, 308):  # ptrace ... setns
+        assert _run_filter(prog, X86, nr) == EPERM, nr
     arm = seccomp_program("aarch64")
+    assert _run_filter(arm, 0xC00000B7, 117) == EPERM  # ptrace
     assert _run_filter(arm, 0xC00000B7, 220, arg0=0x11) == EPERM and _run_filter(arm, 0xC00000B7, 220, 0x10000) == ALLOW
     with pytest.raises(ValueError, match="no seccomp filter"):
         seccomp_program("riscv64")
@@ -68,8 +71,6 @@ def test_the_command_line_isolates_everything_and_binds_only_the_interpreter() -
     binds = [argv[i + 1] for i, a in enumerate(argv) if a in ("--bind", "--ro-bind", "--dev-bind")]
     assert binds == ["/usr", "/opt/py"] and "--bind" not in argv  # nothing writable is bound
     assert "--proc" not in argv and "--share-net" not in argv
-    assert argv[argv.index("/opt/py/bin/python3.11") + 1 : argv.index("/opt/py/bin/python3.11") + 4] == [
-        "-I",
-        "-S",
-        "-B",
-    ]
+    at = argv.index("/opt/py/bin/python3.11")
+    assert argv[at + 1 : at + 5] == ["-s", "-P", "-S", "-B"]  # not -I: its -E would drop PYTHONHASHSEED
+    assert "PYTHONHASHSEED" in argv and "/opt/py/lib/python3.11/site-packages" in argv  # hidden by a tmpfs
