@@ -3,21 +3,25 @@ package, never from a hub), rewarded by the share of the problem's test cases a 
 it runs in the sandbox (`node.sandbox`).
 
 A problem's `check(candidate)` is cut into cases: each top-level statement of its body that asserts
-something is one case, the others (imports, set-up) run in order between them. One sandboxed run per
-completion executes the candidate and then every case, reporting each case's outcome on its own line as
-it goes: a case that loops or blows up ends the run at its limit, and the cases it never reached count as
+something is one case, the others (imports, set-up) run in order between them. Most cases (91 % of
+HumanEval's) read `candidate(...) == <literal>`: for those the sandbox reports only the value and the
+comparison is made outside, so the code under test never sees what it should return and cannot make a
+case pass by tampering with the harness. One sandboxed run per completion executes the candidate and
+then every case, reporting each case's outcome on its own line as it goes: a case that loops or blows up ends the run at its limit, and the cases it never reached count as
 failed. The reward is passed cases / cases, the same on every node that runs the same release (fixed hash
 seed, a seeded `random`, the node's own interpreter); a run that ended at a time limit is marked, since
 timing is the one thing two machines can disagree on (`CodeScore.at_limit`).
 
-The reward is what the sandboxed program reports. Report lines carry a nonce new for every run, so text
-a completion prints does not pass for one; code that digs the nonce out of its own process could still
-game it, as any RL reward can be gamed; the sandbox makes sure that is all it can do.
+Report lines carry a nonce new for every run, and a case with more than one report line fails, so text
+a completion prints does not pass for a report. The remaining `assert` cases (loops, tolerances) run
+inside the sandbox, where code that tampers with the harness could still fake them: a reward a policy
+could learn to game, never a way out of the sandbox.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import gzip
 import hashlib
 import json
@@ -63,18 +67,43 @@ def _load() -> tuple[tuple[dict[str, Any], ...], str]:
     return rows, hashlib.sha256(data).hexdigest()
 
 
-def split_cases(test_source: str) -> list[tuple[bool, str]]:
-    """HumanEval's test module cut into steps: `(is_case, source)`, the module's own statements first
-    (set-up), then each statement of `check`'s body, a case when it asserts something."""
-    tree = ast.parse(test_source)
-    steps: list[tuple[bool, str]] = []
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name == "check":
-            for stmt in node.body:
-                asserts = any(isinstance(n, ast.Assert) for n in ast.walk(stmt))
-                steps.append((asserts, ast.unparse(stmt)))
-        else:
-            steps.append((False, ast.unparse(node)))
+@dataclass(frozen=True)
+class Step:
+    """One step of a problem's test: `setup` (run, not scored), `value` (a case `candidate(...) == <literal>`:
+    the sandbox reports the value of the left side and it is compared with `expected` here, outside, so
+    the code under test never sees what it should return) or `assert` (any other case, run in the sandbox)."""
+
+    kind: str
+    source: str
+    expected: Any = None
+
+
+def split_cases(test_source: str) -> list[Step]:
+    """HumanEval's test module cut into steps: the module's own statements first (set-up), then each
+    statement of `check`'s body, a case when it asserts something."""
+
+    def uses_candidate(e: ast.AST) -> bool:
+        return any(isinstance(n, ast.Name) and n.id == "candidate" for n in ast.walk(e))
+
+    steps: list[Step] = []
+    for node in ast.parse(test_source).body:
+        if not (isinstance(node, ast.FunctionDef) and node.name == "check"):
+            steps.append(Step("setup", ast.unparse(node)))
+            continue
+        for stmt in node.body:
+            if not any(isinstance(n, ast.Assert) for n in ast.walk(stmt)):
+                steps.append(Step("setup", ast.unparse(stmt)))
+                continue
+            t = stmt.test if isinstance(stmt, ast.Assert) else None
+            if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Eq):
+                left, right = t.left, t.comparators[0]
+                if uses_candidate(left) and not uses_candidate(right):
+                    try:
+                        steps.append(Step("value", ast.unparse(left), ast.literal_eval(right)))
+                        continue
+                    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                        pass
+            steps.append(Step("assert", ast.unparse(stmt)))
     return steps
 
 
@@ -89,42 +118,62 @@ def solution_source(prompt: str, completion: str, entry_point: str) -> str:
     return prompt + code
 
 
-def program(solution: str, steps: Sequence[tuple[bool, str]], entry_point: str, nonce: str) -> str:
-    """The sandboxed program: run the solution, then every step, one report line per case. The report
-    lines carry `nonce` (new for every run, never shown to the model): text the code prints itself does
-    not pass for a report by accident."""
+def program(solution: str, steps: Sequence[Step], entry_point: str, nonce: str) -> str:
+    """The sandboxed program: run the solution, then every step, one report line per case: outcome 1
+    (an assert held), 0 (failed), 2 (out of memory or stack) or 3 and the `repr` of a value case's value.
+    Expected values stay out of the program. Report lines carry `nonce` (new for every run)."""
+    plan = [[st.kind, st.source] for st in steps]
     return (
         "import random as _random, sys as _sys\n"
         "_random.seed(0)\n"
-        f"_steps = {[list(s) for s in steps]!r}\n"
+        f"_steps = {plan!r}\n"
         "_ns = {'__name__': '__candidate__'}\n"
         "try:\n"
         f"    exec(compile({solution!r}, '<solution>', 'exec'), _ns)\n"
         f"    _ns['candidate'] = _ns[{entry_point!r}]\n"
         "except BaseException:\n"
         "    _sys.exit(0)\n"
-        "for _i, (_case, _src) in enumerate(_steps):\n"
+        "for _i, (_kind, _src) in enumerate(_steps):\n"
+        "    _out = ''\n"
         "    try:\n"
-        "        exec(compile(_src, f'<step {_i}>', 'exec'), _ns)\n"
-        "        _ok = 1\n"
+        "        if _kind == 'value':\n"
+        "            _out = ' ' + repr(eval(compile(_src, f'<step {_i}>', 'eval'), _ns))\n"
+        "            _ok = 3\n"
+        "        else:\n"
+        "            exec(compile(_src, f'<step {_i}>', 'exec'), _ns)\n"
+        "            _ok = 1\n"
         "    except (MemoryError, RecursionError):\n"
         "        _ok = 2\n"  # a limit another machine may place differently
         "    except BaseException:\n"
         "        _ok = 0\n"
-        "    if _case:\n"
-        f"        _sys.__stdout__.write('\\n{MARK}-{nonce} %d %d\\n' % (_i, _ok))\n"
+        "    if _kind != 'setup':\n"
+        f"        _sys.__stdout__.write('\\n{MARK}-{nonce} %d %d%s\\n' % (_i, _ok, _out))\n"
         "        _sys.__stdout__.flush()\n"
     )
 
 
-def passed_cases(stdout: bytes, steps: Sequence[tuple[bool, str]], nonce: str) -> tuple[int, bool]:
-    """Distinct cases the run reported passed (report lines for other steps count for nothing), and
-    whether a case ran out of memory or stack (outcome 2)."""
-    cases = {i for i, (is_case, _) in enumerate(steps) if is_case}
+def passed_cases(stdout: bytes, steps: Sequence[Step], nonce: str) -> tuple[int, bool]:
+    """Cases passed, and whether one ran out of memory or stack (outcome 2). A case needs exactly one
+    report line (code that prints guesses of its own makes a second one, and fails the case); an assert
+    case passes on outcome 1, a value case on outcome 3 with a value equal to its expected one."""
     text = stdout.decode("utf-8", errors="replace")
-    report = re.compile(rf"^{re.escape(MARK)}-{re.escape(nonce)} (\d+) ([012])$", re.M)
-    found = [(int(m.group(1)), m.group(2)) for m in report.finditer(text) if int(m.group(1)) in cases]
-    return len({i for i, outcome in found if outcome == "1"}), any(outcome == "2" for _, outcome in found)
+    report = re.compile(rf"^{re.escape(MARK)}-{re.escape(nonce)} (\d+) ([0-3])(?: (.*))?$", re.M)
+    lines: dict[int, list[tuple[str, str | None]]] = {}
+    for m in report.finditer(text):
+        lines.setdefault(int(m.group(1)), []).append((m.group(2), m.group(3)))
+    passed, exhausted = 0, False
+    for i, st in enumerate(steps):
+        got = lines.get(i, [])
+        exhausted = exhausted or any(outcome == "2" for outcome, _ in got)
+        if st.kind == "setup" or len(got) != 1:
+            continue
+        outcome, value = got[0]
+        if st.kind == "assert":
+            passed += outcome == "1"
+        elif outcome == "3" and value is not None:
+            with contextlib.suppress(ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                passed += (ast.literal_eval(value) == st.expected) is True
+    return passed, exhausted
 
 
 @dataclass(frozen=True)
@@ -206,7 +255,7 @@ class CodeEnv:
         results = self.sandbox.run_many(runs) if runs else []
         out = []
         for steps, nonce, r in zip(steps_of, nonces, results, strict=True):
-            cases = sum(1 for is_case, _ in steps if is_case)
+            cases = sum(1 for st in steps if st.kind != "setup")
             passed, exhausted = passed_cases(r.stdout, steps, nonce)
             slow = exhausted or r.wall_s >= SLOW_SHARE * self.sandbox.limits.cpu_s
             out.append(CodeScore(passed / cases if cases else 0.0, passed, cases, r.status, slow))

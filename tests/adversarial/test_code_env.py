@@ -14,7 +14,7 @@ import pytest
 
 from node.rollout.checks import Reason, Verdict
 from node.tasks import Problem, content_hash, get_env
-from node.tasks.code import CodeEnv, _load, passed_cases, solution_source, split_cases
+from node.tasks.code import CodeEnv, Step, _load, passed_cases, solution_source, split_cases
 
 ROWS = _load()[0]
 
@@ -37,10 +37,13 @@ def _fenced(code: str) -> str:
 def test_the_problems_come_from_the_wheel_and_split_into_cases() -> None:
     assert len(ROWS) == 164
     steps = split_cases(ROWS[0]["test"])
-    assert sum(case for case, _ in steps) == 7  # HumanEval/0 asserts seven things
-    assert all(case for case, src in steps if src.startswith("assert"))
-    # every problem has at least one case, and loops that assert count as one
-    assert all(any(case for case, _ in split_cases(r["test"])) for r in ROWS)
+    assert [st.kind for st in steps if st.kind != "setup"] == ["value"] * 7  # HumanEval/0 asserts seven things
+    assert steps[-1].expected is False and "candidate(" in steps[-1].source and "False" not in steps[-1].source
+    # every problem has at least one case, loops that assert count as one, and most are value cases
+    every = [split_cases(r["test"]) for r in ROWS]
+    assert all(any(st.kind != "setup" for st in s) for s in every)
+    cases = [st for s in every for st in s if st.kind != "setup"]
+    assert sum(st.kind == "value" for st in cases) / len(cases) > 0.85
 
 
 def test_the_problems_are_seeded_and_the_prompt_shows_the_function(env: CodeEnv) -> None:
@@ -98,13 +101,43 @@ def test_hostile_completions_are_contained_and_score_nothing(env: CodeEnv, tmp_p
     assert env.scores([(_problem(0), ROWS[0]["canonical_solution"])])[0].reward == 1.0  # still working
 
 
-def test_report_lines_need_the_runs_nonce() -> None:
-    steps = [(True, "assert True"), (False, "x = 1"), (True, "assert True")]
-    out = b"@@intellect-node-case-abc 0 1\n@@intellect-node-case-abc 1 1\n@@intellect-node-case-zzz 2 1\n"
-    assert passed_cases(out, steps, "abc") == (1, False)  # step 1 is set-up, case 2's line has another nonce
-    assert passed_cases(out + b"@@intellect-node-case-abc 2 2\n", steps, "abc") == (1, True)  # out of memory
+def test_report_lines_need_the_runs_nonce_and_one_line_a_case() -> None:
+    steps = [Step("assert", "assert True"), Step("setup", "x = 1"), Step("assert", "assert True"),
+             Step("value", "candidate(2)", 4), Step("value", "candidate(3)", [9])]  # fmt: skip
+    tag = b"@@intellect-node-case-abc"
+    out = tag + b" 0 1\n" + tag + b" 1 1\n@@intellect-node-case-zzz 2 1\n" + tag + b" 3 3 4\n" + tag + b" 4 3 [9]\n"
+    assert passed_cases(out, steps, "abc") == (3, False)  # step 1 is set-up, case 2's line has another nonce
+    assert passed_cases(out + tag + b" 2 2\n", steps, "abc") == (3, True)  # out of memory
+    assert passed_cases(out + tag + b" 3 3 5\n", steps, "abc") == (2, False)  # two lines for case 3: failed
+    assert passed_cases(out.replace(b"3 3 4", b"3 1"), steps, "abc") == (2, False)  # a value case needs its value
+    assert passed_cases(out.replace(b"[9]", b"__import__('os')"), steps, "abc") == (2, False)  # not a literal
     assert solution_source("def f():\n", "    return 1\n", "f") == "def f():\n    return 1\n"
     assert solution_source("P\n", "```python\ndef f():\n    return 2\n```", "f").endswith("return 2\n")
+
+
+def test_code_that_tampers_with_the_harness_does_not_pass(env: CodeEnv) -> None:
+    """Found in review: code in the same interpreter as the tests could rewrite them or the report lines.
+    Value cases are now judged outside, and a case with two report lines fails."""
+    attacks = {
+        "rewrite the steps": "    import sys\n    f = sys._getframe(1)\n"
+        "    f.f_globals['_steps'][:] = [[k, 'pass' if k != 'value' else '1'] for k, _ in f.f_globals['_steps']]\n"
+        "    return None\n",
+        "rewrite the reports": "    import sys\n    class W:\n        def write(self, t):\n"
+        "            sys.stderr.write(t.replace(' 0\\n', ' 1\\n').replace(' 3 0', ' 3 True'))\n"
+        "        def flush(self):\n            pass\n    sys.__stdout__ = W()\n    return None\n",
+        # the nonce dug out of the harness's own code, then a guess of each kind for every case
+        "print every guess": "    import sys\n    f = sys._getframe(1)\n"
+        "    while '_steps' not in f.f_globals:\n        f = f.f_back\n"
+        "    mark = next(c for c in f.f_code.co_consts if isinstance(c, str) and c.startswith('\\n@@intellect'))\n"
+        "    mark = mark.split()[0]\n"
+        "    for i in range(40):\n        for g in ('True', 'False'):\n"
+        "            sys.__stdout__.write(f'\\n{mark} {i} 3 {g}\\n')\n    return None\n",
+    }
+    scores = env.scores([(_problem(0), a) for a in attacks.values()])
+    honest_true = env.scores([(_problem(0), "    return True\n")])[0]
+    for name, s in zip(attacks, scores, strict=True):
+        assert s.reward <= honest_true.reward, (name, s)  # no better than the constant answer it is
+    assert [s.reward for s in scores] == [0.0, 0.0, 0.0], scores
 
 
 def test_the_intake_recomputes_code_rewards_and_refuses_a_lie(env: CodeEnv) -> None:
