@@ -3,8 +3,8 @@ bubblewrap command line and the bootstrap the interpreter runs first. Pure funct
 (`node.sandbox.runner`) only starts processes and moves bytes.
 
 The sandbox holds model-written code. Inside it the code sees a read-only interpreter and system
-libraries, a fresh size-capped tmpfs as its only writable place (and working directory), a minimal
-/dev, no /proc, /sys, /etc or home, no network (its own empty network namespace), its own PID, IPC and
+libraries, a fresh size-capped tmpfs as its only writable place (and working directory), a /dev of
+four device nodes (null, zero, random, urandom), no /proc, /sys, /etc or home, no network (its own empty network namespace), its own PID, IPC and
 UTS namespaces, no capabilities, no new user namespaces, and no way to start another process (seccomp:
 fork, vfork and clone without CLONE_THREAD fail with EPERM, clone3 with ENOSYS so that libraries fall
 back to clone); threads stay allowed. The bootstrap lowers its rlimits (CPU seconds, address space,
@@ -116,6 +116,9 @@ def seccomp_program(machine: str | None = None) -> bytes:
 # --------------------------------------------------------------------------------- the command line
 
 
+_DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
+
+
 def bootstrap(limits: Limits) -> str:
     """The code the sandboxed interpreter runs first: lower every rlimit (soft and hard: no way back up),
     then read the program from stdin and run it as `__main__`."""
@@ -155,7 +158,8 @@ def bwrap_argv(
     site = f"{prefix}/lib/python{version}/site-packages"
     argv += ["--tmpfs", site, "--remount-ro", site]
     argv += [
-        "--dev", "/dev",
+        # four device nodes, nothing else (no ptmx: no host-wide pseudo-terminals)
+        "--tmpfs", "/dev", *(a for d in _DEVICES for a in ("--dev-bind", d, d)),
         "--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp",
         "--remount-ro", "/dev", "--remount-ro", "/",  # nothing writable but /tmp (and the device nodes)
         "--chdir", "/tmp",

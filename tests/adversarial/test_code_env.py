@@ -82,12 +82,16 @@ HOSTILE = {
 }
 
 
-def test_hostile_completions_are_contained_and_score_nothing(env: CodeEnv, tmp_path: Path) -> None:
+def test_hostile_completions_are_contained_and_score_nothing(tmp_path: Path) -> None:
     secret, victim = tmp_path / "secret", tmp_path / "victim"
     secret.write_text("x")
     fill = {"secret": str(secret), "victim": str(victim), "me": os.getpid()}
     names = list(HOSTILE)
-    # HumanEval/0's first case expects True: an attack that returned True would score
+    # HumanEval/0's first case expects True: an attack that returned True would score. Shorter limits than
+    # the environment's own (5 CPU seconds, 20 wall) keep the test short; the same code enforces them.
+    from node.sandbox import Limits, Sandbox
+
+    env = CodeEnv(Sandbox(Limits(cpu_s=2, wall_s=8.0), parallel=2))
     scores = env.scores([(_problem(0), HOSTILE[n].format(**fill)) for n in names])
     for name, s in zip(names, scores, strict=True):
         assert s.reward == 0.0, (name, s)

@@ -69,11 +69,13 @@ def test_a_fork_bomb_and_any_new_process_are_refused(sandbox: Sandbox) -> None:
     assert r.status == "ok" and r.stdout == b"thread\n", r
 
 
-def test_an_infinite_loop_is_stopped_by_its_cpu_limit(sandbox: Sandbox) -> None:
-    r = sandbox.run("while True:\n    pass\n")
-    assert r.status == "cpu_limit" and r.wall_s < LIMITS.wall_s, r
-    r = sandbox.run("import signal\nsignal.signal(signal.SIGXCPU, lambda *a: None)\nwhile True:\n    pass\n")
-    assert r.status in ("killed", "cpu_limit") and r.wall_s < LIMITS.wall_s, r  # SIGKILL a second later
+def test_an_infinite_loop_is_stopped_by_its_cpu_limit() -> None:
+    # a wall limit far above the CPU one: on a loaded machine CPU seconds come slower than wall seconds
+    box = Sandbox(Limits(cpu_s=1, wall_s=15.0))
+    r = box.run("while True:\n    pass\n")
+    assert r.status == "cpu_limit", r
+    r = box.run("import signal\nsignal.signal(signal.SIGXCPU, lambda *a: None)\nwhile True:\n    pass\n")
+    assert r.status in ("killed", "cpu_limit"), r  # SIGKILL a second of CPU later
 
 
 def test_sleeping_past_the_wall_limit_is_killed(sandbox: Sandbox) -> None:
@@ -114,13 +116,15 @@ def test_killing_the_parent_or_everything_reaches_nothing_outside(sandbox: Sandb
 
 
 def test_runs_go_in_parallel_and_each_keeps_its_own_verdict(sandbox: Sandbox) -> None:
-    programs = ["import time\ntime.sleep(0.5)\nprint('slow')\n"] * 4 + ["while True:\n    pass\n", "print('quick')\n"]
+    programs = ["import time\ntime.sleep(1)\nprint('slow')\n"] * 4 + ["raise SystemExit(2)\n", "print('quick')\n"]
     t0 = time.monotonic()
     results = sandbox.run_many(programs)
     took = time.monotonic() - t0
-    assert [r.status for r in results] == ["ok"] * 4 + ["cpu_limit", "ok"]
+    assert [r.status for r in results] == ["ok"] * 4 + ["error", "ok"]
     assert [r.stdout for r in results[:4]] == [b"slow\n"] * 4 and results[5].stdout == b"quick\n"
-    assert took < 4 * 0.5 + LIMITS.cpu_s + 1.5  # two at a time, not one after another
+    # two at a time: the runs' own durations add up to about twice the time they all took (one after
+    # another they would add up to it); sleeps keep this ratio whatever else the machine is doing
+    assert sum(r.wall_s for r in results) / took > 1.5
 
 
 def test_the_limits_themselves_are_checked() -> None:

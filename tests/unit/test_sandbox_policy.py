@@ -68,8 +68,10 @@ def test_the_command_line_isolates_everything_and_binds_only_the_interpreter() -
     for flag in ("--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
                  "--clearenv", "--seccomp 7", "--size 1048576 --tmpfs /tmp", "--remount-ro /"):  # fmt: skip
         assert flag in joined, flag
-    binds = [argv[i + 1] for i, a in enumerate(argv) if a in ("--bind", "--ro-bind", "--dev-bind")]
+    binds = [argv[i + 1] for i, a in enumerate(argv) if a in ("--bind", "--ro-bind")]
     assert binds == ["/usr", "/opt/py"] and "--bind" not in argv  # nothing writable is bound
+    devices = [argv[i + 1] for i, a in enumerate(argv) if a == "--dev-bind"]
+    assert devices == ["/dev/null", "/dev/zero", "/dev/random", "/dev/urandom"] and "--dev" not in argv
     assert "--proc" not in argv and "--share-net" not in argv
     at = argv.index("/opt/py/bin/python3.11")
     assert argv[at + 1 : at + 5] == ["-s", "-P", "-S", "-B"]  # not -I: its -E would drop PYTHONHASHSEED
