@@ -136,6 +136,8 @@ class FileVerdict:
         }
 
 
+RERUNS = 2  # extra scorings of a firm reward that differs from the claim (`FileChecks.reward_verdicts`)
+
 # (prompt tokens, completion tokens) -> (hidden [T, H], raw logprobs [T, V])
 PrefillFn = Callable[[list[int], list[int]], tuple[torch.Tensor, torch.Tensor]]
 
@@ -269,25 +271,33 @@ class FileChecks:
                 found[k] = (verdict, chunks, stats, logq)
         # the rewards of the completions that passed, all at once (code runs in parallel sandboxes)
         passing = [k for k, (verdict, *_) in enumerate(found) if verdict.ok]
-        recomputed = self.env.rewards_firm(
-            [
-                (self.env.problem(task_seed, items[k][0].group), self.decode(items[k][0].completion_tokens),
-                 len(items[k][0].completion_tokens))
-                for k in passing
-            ]
-        )  # fmt: skip
-        for k, (want, firm) in zip(passing, recomputed, strict=True):
+        for k, reward in zip(passing, self.reward_verdicts(task_seed, [items[k][0] for k in passing]), strict=True):
             verdict, chunks, stats, logq = found[k]
-            reward = check_reward(items[k][0].reward, want)
-            if not reward.ok and not firm:  # our run stopped at a time limit: another machine may not have
-                reward = Verdict(
-                    reward.reason, reward.detail + " (our run ended at a time limit)", {"near_threshold": 1.0}
-                )
             found[k] = (verdict if reward.ok else reward, chunks, stats, logq)  # a pass keeps its figures
         return [
             SampleCheck(SampleVerdict(smp.group, smp.sample, verdict, chunks), stats, logq)
             for (smp, _, _), (verdict, chunks, stats, logq) in zip(items, found, strict=True)
         ]
+
+    def reward_verdicts(self, task_seed: int, samples: Sequence[RolloutSample]) -> list[Verdict]:
+        """Each sample's claimed reward against ours, scored in one batch. A reward that is not firm (code
+        near its limits) makes a mismatch near-threshold; so does one that differs from the claim but
+        not in every one of `RERUNS` more scorings (code whose outcome rests on the clock or os.urandom)."""
+        asks = [(self.env.problem(task_seed, x.group), self.decode(x.completion_tokens), len(x.completion_tokens))
+                for x in samples]  # fmt: skip
+        ours = self.env.rewards_firm(asks)
+        differ = [i for i, (want, firm) in enumerate(ours) if firm and not check_reward(samples[i].reward, want).ok]
+        if differ:
+            again = [self.env.rewards_firm([asks[i] for i in differ]) for _ in range(RERUNS)]
+            for j, i in enumerate(differ):
+                ours[i] = (ours[i][0], all(run[j][1] and run[j][0] == ours[i][0] for run in again))
+        out = []
+        for x, (want, firm) in zip(samples, ours, strict=True):
+            v = check_reward(x.reward, want)
+            if not v.ok and not firm:
+                v = Verdict(v.reason, v.detail + " (not firm: near a limit, or varying)", {"near_threshold": 1.0})
+            out.append(v)
+        return out
 
     def conclude(self, samples: Sequence[RolloutSample], checks: Sequence[SampleCheck]) -> FileVerdict:
         """The file's verdict from its completions' checks (in the same order as `samples`): the first

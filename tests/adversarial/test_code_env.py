@@ -252,3 +252,34 @@ def test_the_validator_recomputes_a_real_files_code_rewards_and_catches_a_lie(
     bad = verdict(lied.to_bytes())
     assert not bad["ok"] and bad["verdict"]["reason"] == "reward_mismatch", bad["verdict"]
     assert invalidation_is_hard(stored_reason(bad))
+
+
+def test_a_reward_that_varies_between_runs_is_never_a_slash(env: CodeEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Code whose outcome rests on os.urandom (or the clock) can score differently on the worker and on the
+    validator, both honest. A firm reward that differs from the claim is scored again; if the reruns
+    disagree, the mismatch is near-threshold (soft). A lie about a deterministic reward stays hard."""
+    import node.verify
+    from node.rollout.checks import SamplingParams
+    from node.rollout.file import RolloutSample
+    from node.verify import Calibrated, FileChecks
+
+    monkeypatch.setattr(node.verify, "RERUNS", 6)  # the chance that 6 reruns all agree by luck: ~1e-5
+    i = max(range(len(ROWS)), key=lambda j: sum(st.kind == "value" for st in split_cases(ROWS[j]["test"])))
+    seed = next(s for s in range(100000) if env.problem(s, 0).meta["humaneval"] == i)
+    p, row = env.problem(seed, 0), ROWS[i]
+    # right or wrong by a coin at every call: its reward differs between runs (as code using the clock may)
+    coin = "    import os\n    if os.urandom(1)[0] < 128:\n        return None\n" + row["canonical_solution"]
+    texts = [coin, row["canonical_solution"]]
+    checks = FileChecks(SamplingParams(1.0, exact=True), env, str.split, lambda ids: texts[ids[0]], set(),
+                        Calibrated.load("tiny"))  # type: ignore[arg-type]  # fmt: skip
+
+    def sample(text_id: int, reward: float) -> RolloutSample:
+        return RolloutSample(0, text_id, p.task_id, [1], [text_id], [-1.0], reward, "stop", [])
+
+    # the coin's claim: whatever the worker's own run gave; ours will differ in some rerun (each run
+    # flips a coin per case), so the verdict is soft whether our first run matches the claim or not
+    for claim in (0.0, 1.0):
+        (v,) = checks.reward_verdicts(seed, [sample(0, claim)])
+        assert v.ok or v.figures.get("near_threshold") == 1.0, v
+    (lie,) = checks.reward_verdicts(seed, [sample(1, 0.0)])  # the canonical solution scores 1.0, every time
+    assert not lie.ok and lie.figures.get("near_threshold") is None, lie
