@@ -208,9 +208,8 @@ def check_submission(
     if len(counts) != task.prompts or any(c != task.group_size for c in counts.values()):
         return Decision(False, "wrong-shape", f"expected {task.prompts} groups of {task.group_size}")
     # every reward at once, once the file's shape is known good (an environment that runs code runs them
-    # in parallel, and never for a file refused on cheaper grounds)
-    # (a reward that depended on timing, e.g. code near its time limit, is left to the validators: our
-    # own run may have been the slow one)
+    # in parallel, and never for a file refused on cheaper grounds); a reward that is not firm (code near
+    # its time limit) is left to the validators: our own run may have been the slow one
     wants = env.rewards_firm(
         [(groups[s.group][0], decode(s.completion_tokens), len(s.completion_tokens)) for s in f.samples]
     )

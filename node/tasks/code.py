@@ -7,10 +7,11 @@ something is one case, the others (imports, set-up) run in order between them. M
 HumanEval's) read `candidate(...) == <literal>`: for those the sandbox reports only the value and the
 comparison is made outside, so the code under test never sees what it should return and cannot make a
 case pass by tampering with the harness. One sandboxed run per completion executes the candidate and
-then every case, reporting each case's outcome on its own line as it goes: a case that loops or blows up ends the run at its limit, and the cases it never reached count as
-failed. The reward is passed cases / cases, the same on every node that runs the same release (fixed hash
-seed, a seeded `random`, the node's own interpreter); a run that ended at a time limit is marked, since
-timing is the one thing two machines can disagree on (`CodeScore.at_limit`).
+then every case, reporting each case's outcome on its own line as it goes: a case that loops or blows
+up ends the run at its limit, and the cases it never reached count as failed. The reward is passed cases
+/ cases, the same on every node that runs the same release (fixed hash seed, a seeded `random`, the
+node's own interpreter); a run that ended at or near a limit is marked, since timing is what two
+machines can disagree on (`CodeScore.at_limit`).
 
 Report lines carry a nonce new for every run, and a case with more than one report line fails, so text
 a completion prints does not pass for a report. The remaining `assert` cases (loops, tolerances) run
@@ -105,6 +106,13 @@ def split_cases(test_source: str) -> list[Step]:
                         pass
             steps.append(Step("assert", ast.unparse(stmt)))
     return steps
+
+
+@cache
+def _problem_steps(index: int) -> tuple[Step, ...]:
+    """`split_cases` of HumanEval problem `index`, parsed once per process (every completion of a problem
+    runs the same steps)."""
+    return tuple(split_cases(_load()[0][index]["test"]))
 
 
 def solution_source(prompt: str, completion: str, entry_point: str) -> str:
@@ -247,7 +255,7 @@ class CodeEnv:
         runs, steps_of, nonces = [], [], []
         for problem, text in items:
             row = rows[int(problem.meta["humaneval"])]
-            steps = split_cases(row["test"])
+            steps = _problem_steps(int(problem.meta["humaneval"]))
             solution = solution_source(row["prompt"], text, row["entry_point"])
             nonces.append(os.urandom(8).hex())
             runs.append(program(solution, steps, row["entry_point"], nonces[-1]))
