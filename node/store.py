@@ -27,8 +27,8 @@ import trio
 from node.errors import IntellectError
 from node.fsio import write_file
 
-from .chain.errors import ChainError
-from .chain.tx import Receipt, TxSender
+from .chain.errors import ChainError, NonceTaken
+from .chain.tx import Pending, Receipt, TxSender
 from .evidence import encode_evidence
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ CREATE TABLE IF NOT EXISTS txs (
     nonce INTEGER NOT NULL,
     raw TEXT NOT NULL,
     label TEXT NOT NULL,
-    status TEXT NOT NULL DEFAULT 'sent',      -- sent | mined | failed
+    status TEXT NOT NULL DEFAULT 'sent',      -- sent | mined | failed | replaced (a bump of its nonce was mined)
     block INTEGER,
     created REAL NOT NULL
 );
@@ -199,9 +199,15 @@ class SqliteTxJournal:
         )
 
     def mined(self, tx_hash: str, block_number: int, status: int) -> None:
+        """`tx_hash` is in block `block_number`; the other signatures of its nonce (fee bumps) never will be."""
         self.store.execute(
             "UPDATE txs SET status = ?, block = ? WHERE hash = ?",
             ("mined" if status == 1 else "failed", block_number, tx_hash),
+        )
+        self.store.execute(
+            "UPDATE txs SET status = 'replaced' WHERE status = 'sent' AND hash != ?"
+            " AND nonce = (SELECT nonce FROM txs WHERE hash = ?)",
+            (tx_hash, tx_hash),
         )
 
     def unconfirmed(self) -> list[JournaledTx]:
@@ -217,21 +223,26 @@ class SqliteTxJournal:
 
 
 async def settle_journal(journal: SqliteTxJournal, sender: TxSender) -> list[Receipt]:
-    """Wait for every journaled transaction that has no known outcome (re-broadcasting its bytes).
+    """Wait for every journaled intent that has no known outcome: one of its signatures (the first,
+    or a fee bump) is mined, re-broadcast and bumped further while it waits.
 
     A daemon calls this at start, before sending anything new, so that a transaction signed just
-    before a crash is either mined or known dropped before the daemon looks at chain state again.
-    A transaction whose nonce another one took can never be mined; it is marked failed."""
+    before a crash (or a kill during a bump) is mined or known dead before the daemon looks at chain
+    state again; it is never signed again under another nonce. An intent whose nonce another
+    transaction took can never be mined; it is marked failed."""
     out: list[Receipt] = []
+    by_nonce: dict[int, list[JournaledTx]] = {}
     for tx in journal.unconfirmed():
-        log.info("waiting for %s sent before a restart: %s", tx.label, tx.hash)
+        by_nonce.setdefault(tx.nonce, []).append(tx)
+    for nonce, txs in sorted(by_nonce.items()):
+        p = Pending.from_journal(nonce, txs[-1].label, [(t.hash, t.raw) for t in txs])
+        log.info("waiting for %s sent before a restart: %s (%d signature(s))", p.what, p.tx_hash, len(txs))
         try:
-            out.append(await sender.wait(tx.hash, tx.raw, tx.label))
+            out.append(await sender.wait_pending(p, resign=False))
+        except NonceTaken:
+            log.warning("%s (nonce %d) was replaced by another transaction of this key", p.what, nonce)
+            for t in txs:
+                journal.store.execute("UPDATE txs SET status = 'failed' WHERE hash = ?", (t.hash,))
         except ChainError as exc:
-            chain_nonce = int(await sender.rpc.request("eth_getTransactionCount", [sender.address, "latest"]), 16)
-            if chain_nonce > tx.nonce and await sender.rpc.request("eth_getTransactionByHash", [tx.hash]) is None:
-                log.warning("%s (%s) was replaced by another transaction with nonce %d", tx.label, tx.hash, tx.nonce)
-                journal.store.execute("UPDATE txs SET status = 'failed' WHERE hash = ?", (tx.hash,))
-                continue
-            raise ChainError(f"{tx.label} sent before the restart is still not mined: {exc}", exc.hint) from exc
+            raise ChainError(f"{p.what} sent before the restart is still not mined: {exc}", exc.hint) from exc
     return out

@@ -60,3 +60,13 @@ class ContractRevert(ChainError):
         self.name = name
         self.args = args
         self.data = data
+
+
+class NonceTaken(ChainError):
+    """Another transaction of the same account was mined with this transaction's nonce: these bytes can
+    never be mined (whoever holds the key sent something else)."""
+
+    def __init__(self, message: str, tx_hash: str, nonce: int, hint: str = "") -> None:
+        super().__init__(message, hint)
+        self.tx_hash = tx_hash
+        self.nonce = nonce

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -18,7 +19,7 @@ import trio
 from eth_account.signers.local import LocalAccount
 
 from . import abi
-from .errors import ChainError, ContractRevert, InsufficientFunds, RpcError, RpcUnavailable, TxTimeout
+from .errors import ChainError, ContractRevert, InsufficientFunds, NonceTaken, RpcError, RpcUnavailable, TxTimeout
 from .messages import explain
 from .rpc import RpcClient
 
@@ -73,9 +74,86 @@ def revert_from_rpc(err: RpcError, what: str) -> ChainError:
     return err
 
 
+#: EIP-1559 replacement rule of geth, reth and anvil: a replacement must raise both the tip and the fee cap
+#: by at least 10 %; we raise them by 12.5 % (plus 1 wei) so rounding never makes one "underpriced".
+BUMP_NUM, BUMP_DEN = 9, 8
+#: Default cap on `maxFeePerGas` (wei): 500 gwei, far above any L2's fees; `INTELLECT_MAX_FEE_GWEI`
+#: sets another for every command and daemon.
+DEFAULT_MAX_FEE = 500 * 10**9
+#: Default seconds a transaction may stay unmined before it is replaced (`INTELLECT_BUMP_AFTER`).
+DEFAULT_BUMP_AFTER = 30.0
+
+
+def _env_number(name: str, default: float) -> float:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ChainError(f"{name}={text!r} is not a number") from None
+    if not value > 0:
+        raise ChainError(f"{name} must be positive, not {text}")
+    return value
+
+
+def bumped_fees(max_fee: int, tip: int, suggested: tuple[int, int], cap: int) -> tuple[int, int] | None:
+    """The fees of a replacement for a transaction priced (`max_fee`, `tip`): at least 12.5 % more on
+    both, at least today's suggestion, `max_fee` at most `cap`. None when the cap leaves no valid
+    replacement (the transaction then waits, re-broadcast as it is). Pure."""
+    want_max = max(max_fee * BUMP_NUM // BUMP_DEN + 1, suggested[0])
+    want_tip = max(tip * BUMP_NUM // BUMP_DEN + 1, suggested[1])
+    new_max = min(want_max, cap)
+    new_tip = min(want_tip, new_max)
+    if new_max * 10 < max_fee * 11 or new_tip * 10 < tip * 11:
+        return None
+    return new_max, new_tip
+
+
+@dataclass
+class Pending:
+    """One intent on its way to the chain: its nonce, the fields last signed, and every signature made
+    for it, oldest first (a fee bump adds one; at most one of them can ever be mined)."""
+
+    nonce: int
+    what: str
+    tx: dict[str, Any] | None  # None: only the bytes are known (a wait on a bare hash)
+    signed: list[tuple[str, str]]  # (hash, raw)
+
+    @property
+    def tx_hash(self) -> str:
+        return self.signed[-1][0]
+
+    @property
+    def raw(self) -> str:
+        return self.signed[-1][1]
+
+    @classmethod
+    def from_journal(cls, nonce: int, what: str, signed: list[tuple[str, str]]) -> Pending:
+        """A pending intent rebuilt from journaled bytes (after a restart): the fields come from the
+        last signature, so it can be bumped again."""
+        from eth_account.typed_transactions import TypedTransaction
+        from hexbytes import HexBytes
+
+        tx: dict[str, Any] | None = None
+        with contextlib.suppress(Exception):  # not a type-2 transaction we made: wait, never re-sign
+            d = TypedTransaction.from_bytes(HexBytes(signed[-1][1])).as_dict()
+            tx = {k: d[k] for k in ("chainId", "nonce", "gas", "maxFeePerGas", "maxPriorityFeePerGas", "value")}
+            tx["data"] = "0x" + bytes(d["data"]).hex()
+            tx["type"] = 2
+            if d.get("to"):
+                tx["to"] = "0x" + bytes(d["to"]).hex()
+        return cls(nonce, what, tx, list(signed))
+
+
 class TxSender:
     """Sends transactions from one account. One instance per account per process; it serialises
-    nonce assignment with a lock so concurrent trio tasks can share it."""
+    nonce assignment with a lock so concurrent trio tasks can share it.
+
+    A transaction not mined within `bump_after` seconds is replaced: same nonce, fees raised by an
+    eighth or to the chain's current suggestion, `maxFeePerGas` never above `max_fee`. Every
+    replacement is journaled before it is broadcast, so a restarted process waits for whichever of
+    the signatures is mined, and never signs the intent again under another nonce."""
 
     def __init__(
         self,
@@ -85,7 +163,10 @@ class TxSender:
         *,
         receipt_timeout: float = 120.0,
         poll_interval: float = 0.05,
+        max_poll_interval: float = 2.0,
         rebroadcast_every: float = 10.0,
+        bump_after: float | None = None,
+        max_fee: int | None = None,
         gas_multiplier: float = 1.25,
         journal: TxJournal | None = None,
         decode_logs: Callable[[list[dict[str, Any]]], list[abi.DecodedEvent]] | None = None,
@@ -96,11 +177,16 @@ class TxSender:
         self.chain_id = chain_id
         self.receipt_timeout = receipt_timeout
         self.poll_interval = poll_interval
+        self.max_poll_interval = max_poll_interval
         self.rebroadcast_every = rebroadcast_every
+        self.bump_after = bump_after or _env_number("INTELLECT_BUMP_AFTER", DEFAULT_BUMP_AFTER)
+        self.max_fee = max_fee or int(_env_number("INTELLECT_MAX_FEE_GWEI", DEFAULT_MAX_FEE / 10**9) * 10**9)
         self.gas_multiplier = gas_multiplier
         self.journal = journal
         self.decode_logs = decode_logs
+        self.bumps = 0  # replacements signed by this sender (for status and tests)
         self._nonce: int | None = None
+        self._inflight: dict[int, Pending] = {}  # nonce -> intent signed and not yet seen mined
         self._lock = trio.Lock()
 
     async def _fees(self) -> tuple[int, int]:
@@ -110,7 +196,7 @@ class TxSender:
             tip = int(await self.rpc.request("eth_maxPriorityFeePerGas"), 16)
         except RpcError:
             tip = 1_000_000_000
-        return 2 * base + tip, tip
+        return min(2 * base + tip, self.max_fee), min(tip, self.max_fee)
 
     async def estimate(self, to: str | None, data: str, value: int, what: str) -> int:
         """Gas estimate; a revert here is raised as a decoded `ContractRevert` and nothing is sent."""
@@ -123,12 +209,31 @@ class TxSender:
             raise revert_from_rpc(err, what) from None
         return int(gas * self.gas_multiplier) + 10_000
 
+    async def _pending_nonce(self) -> int:
+        return int(await self.rpc.request("eth_getTransactionCount", [self.address, "pending"]), 16)
+
+    async def _next_nonce(self) -> int:
+        """The nonce for a new intent (call with the lock held). Our own transactions missing from the
+        node's pool (dropped, or the node restarted) are re-broadcast, so they stop blocking the ones
+        after them; a gap nobody of ours fills is filled by this intent."""
+        pending = await self._pending_nonce()
+        if self._nonce is None or pending > self._nonce:
+            self._nonce = pending  # first use, or the key sent from elsewhere
+        for n in range(pending, self._nonce):
+            p = self._inflight.get(n)
+            if p is None:
+                return n
+            with contextlib.suppress(RpcError, RpcUnavailable):
+                await self.rpc.request("eth_sendRawTransaction", [p.raw], retry=False)
+        return self._nonce
+
     async def send(
         self, to: str | None, data: str, *, value: int = 0, gas: int | None = None, what: str = "transaction"
     ) -> Receipt:
-        """Preflight, sign once, broadcast, wait for the receipt. Raises `ContractRevert` if the call
-        would revert (nothing is sent), `InsufficientFunds`, `TxTimeout` (the hash is in the error), or
-        `ContractRevert` if it reverted on chain."""
+        """Preflight, sign, broadcast, wait for the receipt (replacing the transaction with higher fees
+        while it is not mined). Raises `ContractRevert` if the call would revert (nothing is sent),
+        `InsufficientFunds`, `TxTimeout` (the hash is in the error), or `ContractRevert` if it
+        reverted on chain."""
         gas_limit = gas if gas is not None else await self.estimate(to, data, value, what)
         async with self._lock:
             max_fee, tip = await self._fees()
@@ -139,9 +244,7 @@ class TxSender:
                     f"{what}: account {self.address} has {have / 1e18:.6f} ETH, needs up to {need / 1e18:.6f} for gas",
                     "fund it with ETH (on anvil: any of the prefunded accounts)",
                 )
-            if self._nonce is None:
-                self._nonce = int(await self.rpc.request("eth_getTransactionCount", [self.address, "pending"]), 16)
-            nonce = self._nonce
+            nonce = await self._next_nonce()
             tx: dict[str, Any] = {
                 "chainId": self.chain_id,
                 "nonce": nonce,
@@ -154,77 +257,163 @@ class TxSender:
             }
             if to:
                 tx["to"] = to
-            raw, tx_hash = self._sign(tx)
-            if self.journal is not None:
-                self.journal.signed(tx_hash, nonce, raw, what)
-            tx_hash = await self._broadcast(raw, tx_hash, tx, what)
-            self._nonce = nonce + 1
-        receipt = await self.wait(tx_hash, raw, what)
+            p = Pending(nonce, what, tx, [])
+            self._sign_into(p, tx)
+            await self._broadcast(p)
+            self._nonce = max(self._nonce or 0, p.nonce + 1)
+        receipt = await self.wait_pending(p)
         if receipt.status != 1:
-            raise await self._explain_failure(tx, receipt, what)
+            raise await self._explain_failure(p.tx or tx, receipt, what)
         return receipt
 
-    def _sign(self, tx: dict[str, Any]) -> tuple[str, str]:
+    def _sign_into(self, p: Pending, tx: dict[str, Any]) -> None:
+        """Sign `tx` as `p`'s newest signature, journaled before anything is broadcast."""
         signed = self.account.sign_transaction(tx)
-        return "0x" + bytes(signed.raw_transaction).hex(), "0x" + bytes(signed.hash).hex()
+        raw, tx_hash = "0x" + bytes(signed.raw_transaction).hex(), "0x" + bytes(signed.hash).hex()
+        if self.journal is not None:
+            self.journal.signed(tx_hash, int(tx["nonce"]), raw, p.what)
+        p.tx, p.nonce = tx, int(tx["nonce"])
+        p.signed.append((tx_hash, raw))
+        self._inflight[p.nonce] = p
 
-    async def _broadcast(self, raw: str, tx_hash: str, tx: dict[str, Any], what: str) -> str:
-        """Broadcast `raw`. Returns the hash that will be mined (normally `tx_hash`)."""
+    async def _broadcast(self, p: Pending) -> None:
+        """Broadcast `p`'s newest bytes (with the lock held). If the node says the nonce is used and
+        none of our signatures for it is known, another transaction of this key took it: ours can
+        never be mined, so the intent is signed again with a fresh nonce (it cannot run twice)."""
         try:
-            await self.rpc.request("eth_sendRawTransaction", [raw])
-            return tx_hash
+            await self.rpc.request("eth_sendRawTransaction", [p.raw])
         except RpcUnavailable:
-            # The bytes may or may not have arrived; `wait` re-broadcasts the same bytes.
-            log.warning("%s: broadcast of %s not confirmed, will re-broadcast the same bytes", what, tx_hash)
-            return tx_hash
+            # The bytes may or may not have arrived; `wait_pending` re-broadcasts the same bytes.
+            log.warning("%s: broadcast of %s not confirmed, will re-broadcast the same bytes", p.what, p.tx_hash)
         except RpcError as err:
             text = str(err).lower()
             if "already known" in text or "already imported" in text:
-                return tx_hash
+                return
+            if any(w in text for w in ("base fee", "underpriced", "fee cap", "feecap")):
+                # Priced under what the node accepts now (the base fee rose since we read it): it is
+                # journaled, and `wait_pending` replaces it with higher fees after `bump_after`.
+                log.warning("%s: %s refused as underpriced (%s); it will be re-priced", p.what, p.tx_hash, err)
+                return
             if "nonce too low" in text or "nonce has already been used" in text:
-                if await self.rpc.request("eth_getTransactionByHash", [tx_hash]) is not None:
-                    return tx_hash
-                # Another transaction of this account took the nonce: ours can never be mined,
-                # so signing again with a fresh nonce cannot duplicate it.
-                fresh = int(await self.rpc.request("eth_getTransactionCount", [self.address, "pending"]), 16)
-                log.warning(
-                    "%s: nonce %d was taken by another transaction; re-signing with %d", what, tx["nonce"], fresh
-                )
-                tx = dict(tx, nonce=fresh)
-                raw2, hash2 = self._sign(tx)
-                if self.journal is not None:
-                    self.journal.signed(hash2, fresh, raw2, what)
-                await self.rpc.request("eth_sendRawTransaction", [raw2])
-                return hash2
-            raise revert_from_rpc(err, what) from None
+                for h, _ in p.signed:
+                    if await self.rpc.request("eth_getTransactionByHash", [h]) is not None:
+                        return
+                await self._resign_fresh(p)
+                return
+            self._inflight.pop(p.nonce, None)
+            raise revert_from_rpc(err, p.what) from None
+
+    async def _resign_fresh(self, p: Pending) -> None:
+        assert p.tx is not None
+        self._inflight.pop(p.nonce, None)
+        fresh = max(await self._pending_nonce(), self._nonce or 0)
+        log.warning("%s: nonce %d was taken by another transaction; re-signing with %d", p.what, p.nonce, fresh)
+        p.signed.clear()
+        self._sign_into(p, dict(p.tx, nonce=fresh))
+        self._nonce = fresh + 1
+        await self.rpc.request("eth_sendRawTransaction", [p.raw])
+
+    async def _bump(self, p: Pending) -> None:
+        """Replace `p` with higher fees (journaled first); at the fee cap, re-broadcast it as it is."""
+        assert p.tx is not None
+        new = bumped_fees(p.tx["maxFeePerGas"], p.tx["maxPriorityFeePerGas"], await self._fees(), self.max_fee)
+        if new is None:
+            log.warning(
+                "%s: %s is not mined and its fee is at the cap (%d wei); waiting", p.what, p.tx_hash, self.max_fee
+            )
+            with contextlib.suppress(RpcError, RpcUnavailable):
+                await self.rpc.request("eth_sendRawTransaction", [p.raw], retry=False)
+            return
+        old, old_tx = p.tx_hash, p.tx
+        self._sign_into(p, dict(p.tx, maxFeePerGas=new[0], maxPriorityFeePerGas=new[1]))
+        self.bumps += 1
+        log.info("%s: %s not mined; replaced by %s (max fee %d, tip %d wei)", p.what, old, p.tx_hash, *new)
+        try:
+            await self.rpc.request("eth_sendRawTransaction", [p.raw], retry=False)
+        except RpcUnavailable:
+            pass  # re-broadcast later
+        except RpcError as err:
+            if "already known" not in str(err).lower():
+                # Refused (under the base fee, underpriced, out of funds, mined meanwhile): the earlier
+                # bytes stay the ones re-broadcast; the journaled row is harmless (same nonce).
+                log.warning("%s: replacement %s refused: %s", p.what, p.tx_hash, err)
+                p.signed.pop()
+                p.tx = old_tx
 
     async def wait(self, tx_hash: str, raw: str | None = None, what: str = "transaction") -> Receipt:
-        """Wait for the receipt of `tx_hash`, re-broadcasting `raw` now and then in case a node dropped it."""
-        deadline = trio.current_time() + self.receipt_timeout
-        next_rebroadcast = trio.current_time() + self.rebroadcast_every
+        """Wait for the receipt of `tx_hash`, re-broadcasting `raw` now and then in case a node dropped
+        it (it is never re-signed)."""
+        return await self.wait_pending(Pending(-1, what, None, [(tx_hash, raw or "")]))
+
+    async def wait_pending(self, p: Pending, *, resign: bool = True) -> Receipt:
+        """Wait until one of `p`'s signatures is mined, re-broadcasting the newest now and then and
+        replacing it with higher fees every `bump_after` s. If another transaction took the nonce,
+        the intent is signed again with a fresh nonce (`resign`) or `NonceTaken` is raised."""
+        start = trio.current_time()
+        deadline = start + self.receipt_timeout
+        next_rebroadcast = start + self.rebroadcast_every
+        next_bump = start + self.bump_after
+        poll = self.poll_interval
+        if p.tx is not None:
+            self._inflight.setdefault(p.nonce, p)
         while True:
-            try:
-                rc = await self.rpc.request("eth_getTransactionReceipt", [tx_hash])
-            except RpcUnavailable:
-                rc = None
-            if rc is not None:
-                receipt = self._receipt(rc)
-                if self.journal is not None:
-                    self.journal.mined(tx_hash, receipt.block_number, receipt.status)
-                return receipt
+            for h, _ in reversed(p.signed):
+                try:
+                    rc = await self.rpc.request("eth_getTransactionReceipt", [h])
+                except RpcUnavailable:
+                    rc = None
+                if rc is not None:
+                    receipt = self._receipt(rc)
+                    if self.journal is not None:
+                        self.journal.mined(h, receipt.block_number, receipt.status)
+                    if self._inflight.get(p.nonce) is p:
+                        del self._inflight[p.nonce]
+                    return receipt
             now = trio.current_time()
             if now >= deadline:
                 raise TxTimeout(
-                    f"{what}: transaction {tx_hash} was not mined within {self.receipt_timeout:.0f} s",
-                    tx_hash,
+                    f"{p.what}: transaction {p.tx_hash} was not mined within {self.receipt_timeout:.0f} s",
+                    p.tx_hash,
                     "it may still be mined; check it before retrying",
                 )
-            if raw is not None and now >= next_rebroadcast:
+            if p.nonce >= 0 and now >= next_bump:
+                next_bump = now + self.bump_after
+                next_rebroadcast = now + self.rebroadcast_every
+                try:
+                    taken = await self._nonce_taken(p)
+                except RpcUnavailable:
+                    taken = None  # the node is down: ask again at the next round
+                if taken:
+                    if not resign or p.tx is None:
+                        if self._inflight.get(p.nonce) is p:
+                            del self._inflight[p.nonce]
+                        raise NonceTaken(
+                            f"{p.what}: nonce {p.nonce} was used by another transaction", p.tx_hash, p.nonce
+                        )
+                    async with self._lock:
+                        await self._resign_fresh(p)
+                    deadline = now + self.receipt_timeout
+                elif taken is False and p.tx is not None:
+                    async with self._lock:
+                        with contextlib.suppress(RpcUnavailable):
+                            await self._bump(p)
+            elif p.raw and now >= next_rebroadcast:
                 next_rebroadcast = now + self.rebroadcast_every
                 # Known, mined meanwhile, or the node is still down: keep polling either way.
                 with contextlib.suppress(RpcError, RpcUnavailable):
-                    await self.rpc.request("eth_sendRawTransaction", [raw], retry=False)
-            await trio.sleep(self.poll_interval)
+                    await self.rpc.request("eth_sendRawTransaction", [p.raw], retry=False)
+            await trio.sleep(poll)
+            poll = min(poll * 1.5, self.max_poll_interval)
+
+    async def _nonce_taken(self, p: Pending) -> bool:
+        """Whether a mined transaction that is none of `p`'s signatures used its nonce."""
+        mined = int(await self.rpc.request("eth_getTransactionCount", [self.address, "latest"]), 16)
+        if mined <= p.nonce:
+            return False
+        for h, _ in p.signed:  # mined between our receipt poll and now?
+            if await self.rpc.request("eth_getTransactionReceipt", [h]) is not None:
+                return False
+        return True
 
     def _receipt(self, rc: dict[str, Any]) -> Receipt:
         logs = list(rc.get("logs", []))
