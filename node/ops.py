@@ -284,10 +284,10 @@ async def record_work(c: ChainClient, pool_id: int, items: Sequence[WorkItem]) -
     keys = [i["workKey"] for i in inputs]
     if len(set(keys)) != len(keys):
         raise ChainError("the batch contains the same work key twice", "each work key is recorded once")
-    out = []
-    for part in chunks(inputs, MAX_BATCH):
-        out.append(await c.transact("WorkLedger", "recordWork", pool_id, list(part), what="work record batch"))
-    return out
+    return [
+        await c.transact("WorkLedger", "recordWork", pool_id, list(part), what="work record batch")
+        for part in chunks(inputs, MAX_BATCH)
+    ]
 
 
 async def _bond(c: ChainClient, pool_id: int, what: str) -> int:
@@ -390,14 +390,12 @@ async def record(c: ChainClient, pool_id: int, work_key: str) -> dict[str, Any]:
 
 
 async def claimable_keys(c: ChainClient, pool_id: int, provider: str) -> list[str]:
-    """Work keys of `provider` in `pool_id` that are final and unclaimed, from the pool's events
-    (the audit's replay) and the chain's current time: two RPC calls however long the history."""
+    """`provider`'s final, unclaimed work in `pool_id`, from all the pool's events (the audit's replay, in
+    bounded pages): for one-off commands; the worker's daemon scans incrementally (`Worker.claimable`)."""
     from .audit import rebuild
 
-    provider = checksum(provider)
-    events = await c.events(["WorkLedger"], topics=[None, topic(pool_id)])
-    now = await c.timestamp()
-    ledger = rebuild(pool_id, events, [], {})
+    ledger = rebuild(pool_id, await c.events(["WorkLedger"], topics=[None, topic(pool_id)]), [], {})
+    now, provider = await c.timestamp(), checksum(provider)
     return [r.work_key for r in ledger.records.values() if r.provider == provider and r.final(now)]
 
 
@@ -433,11 +431,13 @@ async def claim(c: ChainClient, pool_id: int, keys: Sequence[str] | None = None)
         for reason in why:
             log.warning("not claimed: %s", reason)
     if not todo:
-        raise ChainError(
-            f"nothing to claim in pool {pool_id}", "work becomes claimable when its validation window ends"
-        )
-    total = 0
-    receipts = []
+        raise ChainError(f"nothing to claim in pool {pool_id}", "work becomes claimable when its validation window ends")  # fmt: skip
+    return await claim_now(c, pool_id, todo)
+
+
+async def claim_now(c: ChainClient, pool_id: int, todo: Sequence[str]) -> tuple[int, list[Receipt]]:
+    """Claim `todo`, checked claimable by the caller (the ledger skips any that no longer are)."""
+    total, receipts = 0, []
     for part in chunks([bytes32(k, "work key") for k in todo], MAX_BATCH):
         r = await c.transact("WorkLedger", "claim", pool_id, list(part), what="claim")
         total += sum(int(e.args["reward"]) for e in r.all("WorkClaimed"))

@@ -70,8 +70,8 @@ def advance_time_sync(url: str, seconds: int) -> int:
     return trio.run(go)
 
 
-def rpc_sync(url: str, method: str, params: list[object] | None = None) -> object:
-    r = httpx.post(url, json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params or []}, timeout=10)
+def rpc_sync(url: str, method: str, params: list[object] | None = None, timeout: float = 10) -> object:
+    r = httpx.post(url, json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params or []}, timeout=timeout)
     body = r.json()
     if "error" in body:
         raise RuntimeError(body["error"])

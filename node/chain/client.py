@@ -3,6 +3,8 @@ contracts of one deployment."""
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 from eth_account.signers.local import LocalAccount
@@ -14,8 +16,22 @@ from .errors import ChainError, DeploymentError, RpcError, WrongChain
 from .rpc import RpcClient
 from .tx import Receipt, TxJournal, TxSender, revert_from_rpc
 
-LOG_CHUNK_BLOCKS = 5_000
+log = logging.getLogger(__name__)
+
+#: Blocks per `eth_getLogs` call at first (`INTELLECT_LOG_RANGE` sets another). A provider that refuses
+#: a range (many cap it at 1,000 to 10,000 blocks or so many results) gets half of it, down to one block;
+#: the client keeps the smaller range for its later reads.
+LOG_CHUNK_BLOCKS = 2_000
 MAX_LOGS = 1_000_000
+
+
+def log_range_default() -> int:
+    text = os.environ.get("INTELLECT_LOG_RANGE", "").strip()
+    if not text:
+        return LOG_CHUNK_BLOCKS
+    if not text.isdigit() or int(text) < 1:
+        raise ChainError(f"INTELLECT_LOG_RANGE={text!r} is not a positive number of blocks")
+    return int(text)
 
 
 class ChainClient:
@@ -25,6 +41,8 @@ class ChainClient:
         self.rpc = rpc
         self.deployment = deployment
         self.sender = sender
+        self.log_range = log_range_default()
+        self.log_range_refusals = 0  # how often a provider refused a range (each halves `log_range`)
         self._by_address = {addr.lower(): name for name, addr in deployment.contracts.items()}
 
     @classmethod
@@ -48,6 +66,7 @@ class ChainClient:
                     f"the RPC endpoint serves chain id {chain_id}, the deployment is for chain id {deployment.chain_id}",
                     "point --rpc-url at the right chain or pass the matching --deployment",
                 )
+            rpc.bind_chain(chain_id)  # a failover endpoint must show the same chain before it is used
             if check_code:
                 addr = deployment.address("WorkLedger")
                 if (await rpc.code(addr)) in ("0x", "", None):
@@ -123,18 +142,32 @@ class ChainClient:
         from_block: int | None = None,
         to_block: int | None = None,
         topics: list[Any] | None = None,
-        chunk: int = LOG_CHUNK_BLOCKS,
+        chunk: int | None = None,
     ) -> list[abi.DecodedEvent]:
-        """Decoded events of the deployment's contracts, oldest first, fetched in bounded block ranges."""
+        """Decoded events of the deployment's contracts, oldest first, fetched in bounded block ranges
+        (`chunk`, default `log_range`; halved while the provider refuses a range)."""
         names = contracts or list(self.deployment.contracts)
         addresses = [self.contract(n) for n in names]
         start = self.deployment.block if from_block is None else from_block
         end = await self.rpc.block_number() if to_block is None else to_block
+        step = chunk or self.log_range
         logs: list[dict[str, Any]] = []
         lo = start
         while lo <= end:
-            hi = min(end, lo + chunk - 1)
-            logs.extend(await self.rpc.get_logs(addresses, lo, hi, topics))
+            hi = min(end, lo + step - 1)
+            try:
+                page = await self.rpc.get_logs(addresses, lo, hi, topics)
+            except RpcError as err:
+                if step == 1:
+                    raise
+                step = max(1, step // 2)
+                self.log_range = min(self.log_range, step)
+                self.log_range_refusals += 1
+                log.warning(
+                    "eth_getLogs over %d blocks refused (%s); reading %d blocks at a time", hi - lo + 1, err, step
+                )
+                continue
+            logs.extend(page)
             if len(logs) > MAX_LOGS:
                 raise ChainError(f"more than {MAX_LOGS} logs between blocks {start} and {end}", "narrow the range")
             lo = hi + 1

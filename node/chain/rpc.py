@@ -1,45 +1,92 @@
-"""A small JSON-RPC client for Ethereum nodes that runs natively under trio (httpx + anyio).
+"""A small JSON-RPC client for Ethereum nodes that runs natively under trio (httpx + anyio), over one
+or several endpoints with failover.
 
 Reads are retried a bounded number of times on transport failures; writes (`eth_sendRawTransaction`)
 are idempotent by construction (a signed transaction has one hash), so re-sending the same bytes can
-never create a second transaction.
+never create a second transaction. With several URLs (`--rpc-url a,b` or `INTELLECT_RPC_URL=a,b`) a
+failing endpoint is rested for a while (longer after each failure in a row) and the next one answers;
+an endpoint is used only after it has shown the chain id the client was bound to.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import trio
 
-from .errors import RpcError, RpcUnavailable
+from .errors import RpcError, RpcUnavailable, WrongChain
 
 log = logging.getLogger(__name__)
 
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+#: Seconds a failed endpoint rests before it is tried again: doubled per failure in a row, capped.
+REST_FIRST, REST_MAX = 2.0, 60.0
+MAX_ENDPOINTS = 16
+
+
+def parse_urls(urls: str | Sequence[str]) -> list[str]:
+    """The endpoint list of `--rpc-url` / `INTELLECT_RPC_URL` (comma-separated) or a list. Pure."""
+    items = urls.split(",") if isinstance(urls, str) else list(urls)
+    out: list[str] = []
+    for u in (x.strip() for x in items):
+        if not u:
+            continue
+        if not u.startswith(("http://", "https://")):
+            raise RpcUnavailable(f"RPC URL {u!r} is not an http(s) URL", "pass --rpc-url http://host:port[,http://...]")
+        if u not in out:
+            out.append(u)
+    if not out:
+        raise RpcUnavailable("no RPC URL given", "pass --rpc-url http://host:port or set INTELLECT_RPC_URL")
+    if len(out) > MAX_ENDPOINTS:
+        raise RpcUnavailable(f"{len(out)} RPC URLs given; at most {MAX_ENDPOINTS}")
+    return out
+
+
+@dataclass
+class Endpoint:
+    url: str
+    calls: int = 0
+    failures: int = 0  # in a row
+    total_failures: int = 0
+    rest_until: float = 0.0  # monotonic
+    last_error: str = ""
+    chain_ok: bool = False  # has answered eth_chainId with the bound chain id
+    wrong_chain: bool = False  # answered with another chain id: never used again
+
+    def usable(self, now: float) -> bool:
+        return not self.wrong_chain and self.rest_until <= now
 
 
 class RpcClient:
-    """JSON-RPC over HTTP. Use as an async context manager, or call `aclose()`."""
+    """JSON-RPC over HTTP to one or several endpoints. Use as an async context manager, or call
+    `aclose()`."""
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         *,
         timeout: float = 15.0,
         retries: int = 3,
         backoff: float = 0.25,
     ) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise RpcUnavailable(f"RPC URL {url!r} is not an http(s) URL", "pass --rpc-url http://host:port")
-        self.url = url
+        self.endpoints = [Endpoint(u) for u in parse_urls(url)]
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
+        self.chain_id_bound: int | None = None
         self._ids = itertools.count(1)
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=httpx.Limits(max_connections=64))
+
+    @property
+    def url(self) -> str:
+        """The endpoint answering now (the first usable one)."""
+        return self._order()[0].url
 
     async def __aenter__(self) -> RpcClient:
         return self
@@ -50,38 +97,111 @@ class RpcClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
+    def bind_chain(self, chain_id: int) -> None:
+        """From now on an endpoint is used only after it answers `eth_chainId` with `chain_id`."""
+        self.chain_id_bound = chain_id
+
+    def health(self) -> list[dict[str, Any]]:
+        """Each endpoint's state, for status pages and logs."""
+        now = time.monotonic()
+        return [
+            {
+                "url": e.url,
+                "ok": e.usable(now) and e.failures == 0,
+                "calls": e.calls,
+                "failures": e.total_failures,
+                "resting_s": round(max(0.0, e.rest_until - now), 1),
+                "wrong_chain": e.wrong_chain,
+                "last_error": e.last_error,
+            }
+            for e in self.endpoints
+        ]
+
+    def _order(self) -> list[Endpoint]:
+        """Usable endpoints in configured order, then resting ones (soonest back first), never the
+        ones on another chain; all of them resting is still an order to try."""
+        now = time.monotonic()
+        live = [e for e in self.endpoints if e.usable(now)]
+        resting = sorted(
+            (e for e in self.endpoints if not e.wrong_chain and not e.usable(now)), key=lambda e: e.rest_until
+        )
+        return live + resting or self.endpoints[:1]
+
+    def _failed(self, e: Endpoint, why: str) -> None:
+        e.failures += 1
+        e.total_failures += 1
+        e.last_error = why
+        e.rest_until = time.monotonic() + min(REST_MAX, REST_FIRST * 2 ** (e.failures - 1))
+        if len(self.endpoints) > 1:
+            log.warning("RPC endpoint %s failed (%s); resting it %.0f s", e.url, why, e.rest_until - time.monotonic())
+
+    async def _post(self, e: Endpoint, method: str, params: list[Any]) -> Any:
+        """One call to one endpoint. Raises RpcUnavailable (transport, 5xx, 429) or RpcError."""
+        payload = {"jsonrpc": "2.0", "id": next(self._ids), "method": method, "params": params}
+        e.calls += 1
+        try:
+            resp = await self._http.post(e.url, json=payload)
+        except (httpx.TransportError, OSError) as exc:
+            raise RpcUnavailable(f"cannot reach the RPC endpoint {e.url} ({exc!r})") from None
+        if resp.status_code >= 500 or resp.status_code == 429:
+            raise RpcUnavailable(f"RPC endpoint {e.url} answered HTTP {resp.status_code}")
+        if len(resp.content) > MAX_RESPONSE_BYTES:
+            raise RpcError(f"RPC response to {method} is larger than {MAX_RESPONSE_BYTES} bytes")
+        try:
+            body = resp.json()
+        except ValueError:
+            raise RpcError(f"RPC endpoint {e.url} sent a non-JSON answer (HTTP {resp.status_code})") from None
+        if not isinstance(body, dict):
+            raise RpcError(f"RPC endpoint {e.url} sent a malformed answer to {method}")
+        if "error" in body and body["error"] is not None:
+            err = body["error"]
+            if not isinstance(err, dict):
+                raise RpcError(f"RPC endpoint {e.url} sent a malformed error for {method}")
+            raise RpcError(str(err.get("message", err))[:2000], code=err.get("code"), data=err.get("data"))
+        return body.get("result")
+
+    async def _check_chain(self, e: Endpoint) -> None:
+        """Before a failover endpoint answers anything, it must serve the chain the client is bound to."""
+        if self.chain_id_bound is None or e.chain_ok:
+            return
+        try:
+            got = int(await self._post(e, "eth_chainId", []), 16)
+        except (RpcError, TypeError, ValueError) as exc:
+            raise RpcUnavailable(f"RPC endpoint {e.url} did not say its chain id ({exc})") from None
+        if got != self.chain_id_bound:
+            e.wrong_chain = True
+            log.error("RPC endpoint %s serves chain %d, not %d: it is not used", e.url, got, self.chain_id_bound)
+            raise WrongChain(f"RPC endpoint {e.url} serves chain id {got}, not {self.chain_id_bound}")
+        e.chain_ok = True
+
     async def request(self, method: str, params: list[Any] | None = None, *, retry: bool = True) -> Any:
-        """One JSON-RPC call. Transport failures are retried `retries` times with back-off;
-        JSON-RPC errors are raised at once as `RpcError` (with the node's `data`, e.g. revert bytes)."""
-        payload = {"jsonrpc": "2.0", "id": next(self._ids), "method": method, "params": params or []}
-        attempts = 1 + (self.retries if retry else 0)
+        """One JSON-RPC call, answered by the first endpoint that can. Transport failures move on to
+        the next endpoint at once, and after a round in which every endpoint failed the call waits
+        (back-off) and tries again, `retries` times; JSON-RPC errors are raised at once as `RpcError`
+        (with the node's `data`, e.g. revert bytes)."""
+        rounds = 1 + (self.retries if retry else 0)
         last: Exception | None = None
-        for attempt in range(attempts):
+        for attempt in range(rounds):
             if attempt:
                 await trio.sleep(self.backoff * 2 ** (attempt - 1))
-            try:
-                resp = await self._http.post(self.url, json=payload)
-            except (httpx.TransportError, OSError) as exc:
-                last = exc
-                log.debug("rpc %s attempt %d failed: %s", method, attempt + 1, exc)
-                continue
-            if resp.status_code >= 500 or resp.status_code == 429:
-                last = RpcUnavailable(f"RPC endpoint {self.url} answered HTTP {resp.status_code}")
-                continue
-            if len(resp.content) > MAX_RESPONSE_BYTES:
-                raise RpcError(f"RPC response to {method} is larger than {MAX_RESPONSE_BYTES} bytes")
-            try:
-                body = resp.json()
-            except ValueError:
-                raise RpcError(f"RPC endpoint {self.url} sent a non-JSON answer (HTTP {resp.status_code})") from None
-            if not isinstance(body, dict):
-                raise RpcError(f"RPC endpoint {self.url} sent a malformed answer to {method}")
-            if "error" in body and body["error"] is not None:
-                err = body["error"]
-                raise RpcError(str(err.get("message", err)), code=err.get("code"), data=err.get("data"))
-            return body.get("result")
+            for e in self._order():
+                try:
+                    await self._check_chain(e)
+                    result = await self._post(e, method, params or [])
+                except (RpcUnavailable, WrongChain) as exc:
+                    last = exc
+                    if isinstance(exc, RpcUnavailable):
+                        self._failed(e, str(exc))
+                    log.debug("rpc %s on %s failed: %s", method, e.url, exc)
+                    continue
+                except RpcError:
+                    e.failures = 0
+                    raise
+                e.failures = 0
+                return result
+        urls = ", ".join(e.url for e in self.endpoints)
         raise RpcUnavailable(
-            f"cannot reach the RPC endpoint {self.url} ({last})",
+            f"cannot reach the RPC endpoint{'s' if len(self.endpoints) > 1 else ''} {urls} ({last})",
             "check that the node is running and --rpc-url / INTELLECT_RPC_URL points at it",
         )
 

@@ -32,6 +32,7 @@ from ..chain.messages import tokens
 from ..chain.signing import RolloutClaim
 from ..daemon import (
     count,
+    new_ledger_events,
     open_pool_chain,
     open_pool_network,
     pool_peers,
@@ -49,9 +50,13 @@ from ..verify import PoolFileCheck
 from .accusations import AccusationsMixin
 from .generation import GenerationMixin, PolicyUnavailable
 from .joining import JoiningMixin
+from .rules import claim_step, recorded_for
 from .state import WorkerState
 
 log = logging.getLogger("intellect.worker")
+
+#: Chain seconds before a disputed record of ours is read again by the claim scan.
+DISPUTE_RECHECK_S = 60
 
 
 # Devnet adversaries: another model's weights; a hotter temperature than claimed; one completion per
@@ -374,14 +379,41 @@ class Worker(JoiningMixin, GenerationMixin, AccusationsMixin):
                 self.last_error = str(exc)
                 log.warning("following accusations failed (will retry): %s", exc)
 
+    async def claimable(self) -> list[str]:
+        """The provider's work that is final now. Incremental, so its cost does not grow with the chain's
+        history: the ledger events after a durable cursor (in bounded pages) add the provider's newly
+        recorded work to the state; each record whose window has ended is read on chain (getRecord)
+        once: claimable, still disputed (looked at again a minute later), or gone (claimed, invalidated,
+        removed by a reorganisation)."""
+        assert self.chain is not None
+        c, pool = self.chain, self.cfg.pool_id
+        got = await new_ledger_events(c, self.state.store, "claim-cursor", pool, ("WorkRecorded", "WorkBatchRecorded"))
+        if got is not None:
+            events, move = got
+            self.state.track_recorded(recorded_for(events, self.provider.address), move)
+        now = await retry_rpc(c.timestamp, "chain time")
+        keys: list[str] = []
+        for key, deadline in self.state.due_recorded(now, limit=ops.MAX_BATCH):
+            rec = await retry_rpc(lambda k=key: ops.record(c, pool, k), "work record")
+            ours = str(rec["provider"]).lower() == self.provider.address.lower()
+            step = claim_step(str(rec["statusName"]), ours, deadline, now)
+            if step == "claim":
+                keys.append(key)
+            elif step == "forget":
+                self.state.forget_recorded([key])
+            else:
+                self.state.check_later(key, max(deadline, now + DISPUTE_RECHECK_S))
+        return keys
+
     async def claim_final(self) -> int:
         assert self.chain is not None
         c = self.chain
-        keys = await retry_rpc(lambda: ops.claimable_keys(c, self.cfg.pool_id, self.provider.address), "claim scan")
+        keys = await self.claimable()
         if not keys:
             self.stake_now = int(await c.call("ProviderRegistry", "stakeOf", self.provider.address))
             return 0
-        reward, receipts = await ops.claim(c, self.cfg.pool_id, keys)
+        reward, receipts = await ops.claim_now(c, self.cfg.pool_id, keys)
+        self.state.forget_recorded(keys)
         self.state.add_claims(receipts)
         self._count("claims", len(keys))
         self._count("rewards_claimed_tokens", reward / 10**18)

@@ -62,3 +62,30 @@ def answer(why_not: str | None, cheater: bool, yes: bool) -> str:
     if why_not is not None and not cheater:
         return "failed-self-check"
     return "appealed" if yes else "declined"
+
+
+def recorded_for(events: Iterable[Any], provider: str) -> list[tuple[str, int, int]]:
+    """(work key, deadline, block) of `provider`'s work recorded in `events` (a ledger page, oldest
+    first): a `WorkRecorded` names the provider and the key, the `WorkBatchRecorded` of the same
+    transaction the deadline. A batch is one transaction, so a page of whole blocks holds all of it."""
+    who = provider.lower()
+    keys_by_tx: dict[str, list[tuple[str, int]]] = {}
+    out: list[tuple[str, int, int]] = []
+    for ev in events:
+        if ev.name == "WorkRecorded" and str(ev.args.get("provider", "")).lower() == who:
+            keys_by_tx.setdefault(ev.tx_hash, []).append((str(ev.args["workKey"]), ev.block_number))
+        elif ev.name == "WorkBatchRecorded":
+            deadline = int(ev.args["deadline"])
+            out.extend((key, deadline, block) for key, block in keys_by_tx.pop(ev.tx_hash, []))
+    return out
+
+
+def claim_step(status: str, provider_is_ours: bool, deadline: int, now: int) -> str:
+    """What the claim scan does with a tracked record whose chain state is `status` at chain time
+    `now`: "claim" it, "keep" it for later (its window is open, or a dispute runs) or "forget" it
+    (claimed, invalidated, never recorded on this chain: a reorganisation removed it). Pure."""
+    if status in ("none", "claimed", "invalidated") or not provider_is_ours:
+        return "forget"
+    if status == "pending" and now >= deadline:
+        return "claim"
+    return "keep"

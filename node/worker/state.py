@@ -21,6 +21,12 @@ CREATE TABLE IF NOT EXISTS rollouts (
     detail TEXT,
     created REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS recorded (       -- the provider's recorded work not yet claimed or gone
+    work_key TEXT PRIMARY KEY,
+    deadline INTEGER NOT NULL,              -- chain time its validation window ends
+    block INTEGER NOT NULL,
+    next_check INTEGER NOT NULL             -- chain time to look at it again (a dispute: later)
+);
 CREATE TABLE IF NOT EXISTS claims (tx TEXT PRIMARY KEY, keys INTEGER NOT NULL, reward TEXT NOT NULL, at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS evidence (
     hash TEXT PRIMARY KEY,                  -- sha256 of the document: the evidence hash on chain
@@ -74,6 +80,36 @@ class WorkerState:
 
     def accepted_units(self) -> int:
         return int(self.store.scalar("SELECT SUM(units) FROM rollouts WHERE status = 'accepted'") or 0)
+
+    # -- the claim scan (incremental: event pages after a durable cursor, then only due records)
+
+    def track_recorded(self, rows: list[tuple[str, int, int]], move: list[tuple[str, tuple[Any, ...]]]) -> None:
+        """Keep `rows` (key, deadline, block) and move the event cursor, in one transaction."""
+        self.store.execute_many(
+            [
+                *(
+                    ("INSERT OR REPLACE INTO recorded(work_key, deadline, block, next_check) VALUES(?, ?, ?, ?)",
+                     (k, d, b, d))
+                    for k, d, b in rows
+                ),
+                *move,
+            ]
+        )  # fmt: skip
+
+    def due_recorded(self, now: int, limit: int) -> list[tuple[str, int]]:
+        rows = self.store.query(
+            "SELECT work_key, deadline FROM recorded WHERE next_check <= ? ORDER BY next_check LIMIT ?", (now, limit)
+        )
+        return [(r["work_key"], int(r["deadline"])) for r in rows]
+
+    def check_later(self, key: str, at: int) -> None:
+        self.store.execute("UPDATE recorded SET next_check = ? WHERE work_key = ?", (at, key))
+
+    def forget_recorded(self, keys: list[str]) -> None:
+        self.store.execute_many(("DELETE FROM recorded WHERE work_key = ?", (k,)) for k in keys)
+
+    def tracked_count(self) -> int:
+        return int(self.store.scalar("SELECT COUNT(*) FROM recorded") or 0)
 
     # -- claims
 

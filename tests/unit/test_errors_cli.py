@@ -56,7 +56,14 @@ def _make(cls: type) -> BaseException:
         from node.p2p.envelope import RejectReason
 
         return cls(next(iter(RejectReason)), MESSAGE)
-    extra: dict[str, Any] = {"tx_hash": "0x" + "ab" * 32, "name": "Boom", "args": {}, "data": "0x", "code": -32000}
+    extra: dict[str, Any] = {
+        "tx_hash": "0x" + "ab" * 32,
+        "name": "Boom",
+        "args": {},
+        "data": "0x",
+        "code": -32000,
+        "nonce": 7,
+    }
     return cls(
         MESSAGE, **{p: extra[p] for p in params[1:] if p in extra}, **({"hint": HINT} if "hint" in params else {})
     )
