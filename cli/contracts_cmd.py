@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from node import ops
-from node.chain import Deployment, RpcClient, WrongChain
+from node.chain import Deployment, RpcClient, WrongChain, verify
 from node.chain.deployment import NETWORKS
 from node.chain.messages import tokens
 from node.errors import ConfigError
@@ -48,7 +48,8 @@ def contracts_deploy(
     min_provider_stake: int,
     force: bool,
 ) -> None:
-    """Deploy token, registry, pool manager and work ledger; write the deployment file."""
+    """Deploy token, registry, pool manager and work ledger; write the deployment file and, beside it,
+    the explorer verification inputs (deployment.json -> deployment.verify/, see `verify-info`)."""
     preset = NETWORKS[network]
     url = s.rpc_url or preset.default_rpc_url
     if not url:
@@ -80,8 +81,50 @@ def contracts_deploy(
 
     dep = run(go)
     dep.save(s.deployment_path)
+    folder = verify.write(dep, s.deployment_path)
     lines.append(f"deployment for chain {dep.chain_id} written to {s.deployment_path} (from block {dep.block})")
-    output(s, json.loads(dep.to_json()), lines)
+    lines.append(f"explorer verification inputs written to {folder}/ (see `intellect-node contracts verify-info`)")
+    output(s, json.loads(dep.to_json()) | {"verify_folder": str(folder)}, lines)
+
+
+@contracts_group.command("verify-info")
+@common
+def contracts_verify_info(s: Settings) -> None:
+    """What a block explorer needs to verify the deployed contracts: per contract its compiler, settings,
+    constructor arguments, standard-JSON input file, `forge verify-contract` line and form fields.
+
+    Reads the folder `contracts deploy` wrote beside the deployment file (deployment.json ->
+    deployment.verify/); no chain access."""
+    info = verify.load(s.deployment_path, s.deployment())
+    output(s, verify.to_dict(info), _verify_lines(info))
+
+
+def _verify_lines(info: verify.VerifyInfo) -> list[str]:
+    explorers = {e.kind: e for e in verify.EXPLORERS.get(info.network, ())}
+    lines = [
+        f"verification data of chain {info.chain_id} ({info.network}) in {info.folder}/",
+        "forge: run it from the root of this repository at the deployed version, with ETHERSCAN_API_KEY set "
+        "for Etherscan (one Etherscan V2 key serves Basescan)",
+    ]
+    for c in info.contracts:
+        optimizer = f"enabled, {info.optimizer_runs} runs" if info.optimizer else "disabled"
+        lines += [
+            "",
+            f"{c.name} {c.address}",
+            f"  contract          {c.target}",
+            f"  compiler          {info.compiler}",
+            f"  optimizer         {optimizer}",
+            f"  EVM version       {info.evm_version}",
+            f"  license           {c.license}",
+            f"  constructor args  {c.constructor_args}",
+            f"  standard JSON     {c.input_path}",
+        ]
+        lines += [f"  forge {kind:<11} {cmd}" for kind, cmd in verify.forge_commands(info, c).items()]
+        for kind in verify.KINDS:
+            e = explorers.get(kind)
+            lines.append(f"  {e.name} form: {e.verify_page(c.address)}" if e else f"  {kind.capitalize()} form:")
+            lines += [f"    {field}: {value}" for field, value in verify.form_fields(info, c, kind).items()]
+    return lines
 
 
 @click.group("token")

@@ -39,17 +39,22 @@ async def deploy(
 ) -> Deployment:
     """Deploy token, registry, pool manager and ledger; grant the ledger SLASHER_ROLE and wire the
     registry to the pool manager and the ledger's stake lock. Validators are named per pool, by its
-    owner (`PoolSpec.validators`)."""
+    owner (`PoolSpec.validators`). The deployment's `extra["constructor_args"]` holds each contract's
+    ABI-encoded constructor arguments, which a block explorer needs to verify it (node/chain/verify.py)."""
     chain_id = await rpc.chain_id()
     sender = TxSender(rpc, deployer, chain_id)
     say = progress if callable(progress) else (lambda _msg: None)
 
+    constructor_args: dict[str, str] = {}  # for explorer verification (node/chain/verify.py)
+
     async def create(name: str, *args: object) -> tuple[str, int]:
-        data = abi.load(name).deploy_data(args)
+        contract = abi.load(name)
+        data = contract.deploy_data(args)
         receipt = await sender.send(None, data, what=f"deploy {name}")
         rc = await rpc.request("eth_getTransactionReceipt", [receipt.tx_hash])
         address = to_checksum_address(rc["contractAddress"])
         say(f"deployed {name} at {address} (gas {receipt.gas_used})")
+        constructor_args[name] = contract.constructor_args(args)
         return address, receipt.block_number
 
     if params.treasury is None and network != "local":
@@ -83,4 +88,5 @@ async def deploy(
         network=network,
         deployer=deployer.address,
         rpc_url=rpc_url,
+        extra={"constructor_args": constructor_args},
     )

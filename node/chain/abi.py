@@ -158,11 +158,16 @@ class ContractABI:
         except KeyError:
             raise AttributeError(f"{self.name} has no function {name}") from None
 
-    def deploy_data(self, args: Sequence[Any]) -> str:
+    def constructor_args(self, args: Sequence[Any]) -> str:
+        """The ABI-encoded constructor arguments (0x-hex): what follows the bytecode in the creation
+        transaction, and what a block explorer asks for to verify the contract."""
         inputs = self.constructor.get("inputs", [])
         types = [_type(p) for p in inputs]
         values = [_to_abi(p, a) for p, a in zip(inputs, args, strict=True)]
-        return self.bytecode + eth_abi.encode(types, values).hex()
+        return "0x" + eth_abi.encode(types, values).hex()
+
+    def deploy_data(self, args: Sequence[Any]) -> str:
+        return self.bytecode + self.constructor_args(args).removeprefix("0x")
 
     def decode_log(self, log: Json) -> DecodedEvent | None:
         """Decode a raw `eth_getLogs` entry; None when the topic is not one of this contract's events."""
