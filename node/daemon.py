@@ -116,6 +116,12 @@ async def retry_rpc(fn: Callable[[], Awaitable[Any]], what: str, *, wait: float 
 Statement = tuple[str, tuple[Any, ...]]
 
 
+#: Blocks a follower reads again when the block at its cursor is no longer the one it read (a
+#: reorganisation deeper than the confirmation depth): the events there come again, and what a
+#: reorganisation removed does not; consumers are idempotent and check records on chain before acting.
+REORG_REWIND = 64
+
+
 async def new_ledger_events(
     c: ChainClient,
     store: Any,
@@ -124,22 +130,44 @@ async def new_ledger_events(
     name: str | tuple[str, ...],
     *,
     max_blocks: int | None = None,
+    on_reorg: Callable[[int], list[Statement]] | None = None,
 ) -> tuple[list[Any], list[Statement]] | None:
-    """The pool's `WorkLedger` events called `name` (or any of the names) after the durable block cursor `cursor_key` (up to
-    the head, or `max_blocks` past the cursor), and the statement that moves the cursor past them: the
-    caller commits it in the same transaction as what it makes of the events. None: nothing new."""
+    """The pool's `WorkLedger` events called `name` (or any of the names) after the durable block cursor
+    `cursor_key`, up to `c.confirmations` blocks under the head (or `max_blocks` past the cursor), and the
+    statements that move the cursor past them: the caller commits them in the same transaction as what
+    it makes of the events. None: nothing new.
+
+    The cursor keeps the hash of its block. If that block is no longer in the chain, a reorganisation
+    went deeper than the confirmation depth: the cursor goes back `REORG_REWIND` blocks, and
+    `on_reorg(block)` gives the statements that undo what the caller derived from events after `block`
+    (committed with the rewind)."""
     cursor = int(store.get(cursor_key, str(c.deployment.block - 1)) or 0)
-    head = await retry_rpc(c.rpc.block_number, "block number")
+    seen = store.get(cursor_key + ":hash") or ""
+    head = await retry_rpc(c.rpc.block_number, "block number") - c.confirmations
+    if seen and cursor >= 0:
+        block = await retry_rpc(lambda: c.rpc.get_block(cursor), "cursor block")
+        if block.get("hash") != seen:
+            back = max(c.deployment.block - 1, cursor - REORG_REWIND)
+            log.warning(
+                "%s: block %d is not the one read before (a reorganisation deeper than %d blocks); reading again from %d",
+                cursor_key, cursor, c.confirmations, back + 1,
+            )  # fmt: skip
+            undo = on_reorg(back) if on_reorg is not None else []
+            store.execute_many(
+                [*undo, Store.put_statement(cursor_key, str(back)), Store.put_statement(cursor_key + ":hash", "")]
+            )
+            cursor = back
     if head <= cursor:
         return None
     to = head if max_blocks is None else min(head, cursor + max_blocks)
+    to_hash = str((await retry_rpc(lambda: c.rpc.get_block(to), "block"))["hash"])
     events = await retry_rpc(
         lambda: c.events(["WorkLedger"], from_block=cursor + 1, to_block=to, topics=[None, topic(pool_id)]),
         f"{name} events",
     )
-    move = Store.put_statement(cursor_key, str(to))
+    move = [Store.put_statement(cursor_key, str(to)), Store.put_statement(cursor_key + ":hash", to_hash)]
     names = (name,) if isinstance(name, str) else name
-    return [ev for ev in events if ev.name in names], [move]
+    return [ev for ev in events if ev.name in names], move
 
 
 def coordinator_addr(bootstrap: list[str], coordinator: str) -> str:

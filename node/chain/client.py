@@ -25,6 +25,23 @@ LOG_CHUNK_BLOCKS = 2_000
 MAX_LOGS = 1_000_000
 
 
+#: Blocks an event or a transaction must be buried under before any role acts on it, per network
+#: (`INTELLECT_CONFIRMATIONS` sets another): anvil never reorganises; an L2's sequencer rarely does, and
+#: only by a block or two. A reorganisation deeper than this is detected (`node.daemon.new_ledger_events`,
+#: membership) and what it removed is read again.
+CONFIRMATIONS = {"local": 0}
+DEFAULT_CONFIRMATIONS = 5
+
+
+def confirmations_default(network: str) -> int:
+    text = os.environ.get("INTELLECT_CONFIRMATIONS", "").strip()
+    if not text:
+        return CONFIRMATIONS.get(network, DEFAULT_CONFIRMATIONS)
+    if not text.isdigit():
+        raise ChainError(f"INTELLECT_CONFIRMATIONS={text!r} is not a number of blocks")
+    return int(text)
+
+
 def log_range_default() -> int:
     text = os.environ.get("INTELLECT_LOG_RANGE", "").strip()
     if not text:
@@ -42,6 +59,7 @@ class ChainClient:
         self.deployment = deployment
         self.sender = sender
         self.log_range = log_range_default()
+        self.confirmations = confirmations_default(deployment.network)
         self.log_range_refusals = 0  # how often a provider refused a range (each halves `log_range`)
         self._by_address = {addr.lower(): name for name, addr in deployment.contracts.items()}
 
@@ -80,8 +98,9 @@ class ChainClient:
         client = cls(rpc, deployment)
         if account is not None:
             client.sender = TxSender(
-                rpc, account, chain_id, journal=journal, receipt_timeout=receipt_timeout, decode_logs=client.decode_logs
-            )
+                rpc, account, chain_id, journal=journal, receipt_timeout=receipt_timeout, decode_logs=client.decode_logs,
+                confirmations=client.confirmations,
+            )  # fmt: skip
         return client
 
     async def aclose(self) -> None:

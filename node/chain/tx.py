@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -20,6 +19,7 @@ from eth_account.signers.local import LocalAccount
 
 from . import abi
 from .errors import ChainError, ContractRevert, InsufficientFunds, NonceTaken, RpcError, RpcUnavailable, TxTimeout
+from .fees import DEFAULT_BUMP_AFTER, DEFAULT_MAX_FEE, bumped_fees, env_number
 from .messages import explain
 from .rpc import RpcClient
 
@@ -72,42 +72,6 @@ def revert_from_rpc(err: RpcError, what: str) -> ChainError:
     if "execution reverted" in text.lower():
         return ContractRevert(f"{what} rejected: {text}", None, {}, "0x")
     return err
-
-
-#: EIP-1559 replacement rule of geth, reth and anvil: a replacement must raise both the tip and the fee cap
-#: by at least 10 %; we raise them by 12.5 % (plus 1 wei) so rounding never makes one "underpriced".
-BUMP_NUM, BUMP_DEN = 9, 8
-#: Default cap on `maxFeePerGas` (wei): 500 gwei, far above any L2's fees; `INTELLECT_MAX_FEE_GWEI`
-#: sets another for every command and daemon.
-DEFAULT_MAX_FEE = 500 * 10**9
-#: Default seconds a transaction may stay unmined before it is replaced (`INTELLECT_BUMP_AFTER`).
-DEFAULT_BUMP_AFTER = 30.0
-
-
-def _env_number(name: str, default: float) -> float:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise ChainError(f"{name}={text!r} is not a number") from None
-    if not value > 0:
-        raise ChainError(f"{name} must be positive, not {text}")
-    return value
-
-
-def bumped_fees(max_fee: int, tip: int, suggested: tuple[int, int], cap: int) -> tuple[int, int] | None:
-    """The fees of a replacement for a transaction priced (`max_fee`, `tip`): at least 12.5 % more on
-    both, at least today's suggestion, `max_fee` at most `cap`. None when the cap leaves no valid
-    replacement (the transaction then waits, re-broadcast as it is). Pure."""
-    want_max = max(max_fee * BUMP_NUM // BUMP_DEN + 1, suggested[0])
-    want_tip = max(tip * BUMP_NUM // BUMP_DEN + 1, suggested[1])
-    new_max = min(want_max, cap)
-    new_tip = min(want_tip, new_max)
-    if new_max * 10 < max_fee * 11 or new_tip * 10 < tip * 11:
-        return None
-    return new_max, new_tip
 
 
 @dataclass
@@ -170,6 +134,7 @@ class TxSender:
         gas_multiplier: float = 1.25,
         journal: TxJournal | None = None,
         decode_logs: Callable[[list[dict[str, Any]]], list[abi.DecodedEvent]] | None = None,
+        confirmations: int = 0,
     ) -> None:
         self.rpc = rpc
         self.account = account
@@ -179,11 +144,12 @@ class TxSender:
         self.poll_interval = poll_interval
         self.max_poll_interval = max_poll_interval
         self.rebroadcast_every = rebroadcast_every
-        self.bump_after = bump_after or _env_number("INTELLECT_BUMP_AFTER", DEFAULT_BUMP_AFTER)
-        self.max_fee = max_fee or int(_env_number("INTELLECT_MAX_FEE_GWEI", DEFAULT_MAX_FEE / 10**9) * 10**9)
+        self.bump_after = bump_after or env_number("INTELLECT_BUMP_AFTER", DEFAULT_BUMP_AFTER)
+        self.max_fee = max_fee or int(env_number("INTELLECT_MAX_FEE_GWEI", DEFAULT_MAX_FEE / 10**9) * 10**9)
         self.gas_multiplier = gas_multiplier
         self.journal = journal
         self.decode_logs = decode_logs
+        self.confirmations = confirmations
         self.bumps = 0  # replacements signed by this sender (for status and tests)
         self._nonce: int | None = None
         self._inflight: dict[int, Pending] = {}  # nonce -> intent signed and not yet seen mined
@@ -357,26 +323,38 @@ class TxSender:
         if p.tx is not None:
             self._inflight.setdefault(p.nonce, p)
         while True:
+            mined = False
             for h, _ in reversed(p.signed):
                 try:
                     rc = await self.rpc.request("eth_getTransactionReceipt", [h])
                 except RpcUnavailable:
                     rc = None
-                if rc is not None:
-                    receipt = self._receipt(rc)
-                    if self.journal is not None:
-                        self.journal.mined(h, receipt.block_number, receipt.status)
-                    if self._inflight.get(p.nonce) is p:
-                        del self._inflight[p.nonce]
-                    return receipt
+                if rc is None:
+                    continue
+                receipt = self._receipt(rc)
+                late = trio.current_time() >= deadline + self.receipt_timeout
+                if not late and not await self._buried(receipt):
+                    mined = True  # in a block, not yet deep enough: a reorg may still take it out
+                    break
+                if late:
+                    log.warning(
+                        "%s: %s is in block %d, not yet buried; taken as mined", p.what, h, receipt.block_number
+                    )
+                if self.journal is not None:
+                    self.journal.mined(h, receipt.block_number, receipt.status)
+                if self._inflight.get(p.nonce) is p:
+                    del self._inflight[p.nonce]
+                return receipt
             now = trio.current_time()
-            if now >= deadline:
+            if mined:
+                pass  # waiting for confirmations (at most another `receipt_timeout`)
+            elif now >= deadline:
                 raise TxTimeout(
                     f"{p.what}: transaction {p.tx_hash} was not mined within {self.receipt_timeout:.0f} s",
                     p.tx_hash,
                     "it may still be mined; check it before retrying",
                 )
-            if p.nonce >= 0 and now >= next_bump:
+            elif p.nonce >= 0 and now >= next_bump:
                 next_bump = now + self.bump_after
                 next_rebroadcast = now + self.rebroadcast_every
                 try:
@@ -404,6 +382,18 @@ class TxSender:
                     await self.rpc.request("eth_sendRawTransaction", [p.raw], retry=False)
             await trio.sleep(poll)
             poll = min(poll * 1.5, self.max_poll_interval)
+
+    async def _buried(self, receipt: Receipt) -> bool:
+        """Whether `receipt` (just read, so in the node's canonical chain now) has `confirmations`
+        blocks on top. Until then the wait goes on; if a reorganisation removes the transaction its
+        receipt disappears and it is waited for (re-broadcast, bumped) like any unmined one."""
+        if self.confirmations <= 0:
+            return True
+        try:
+            head = await self.rpc.block_number()
+        except RpcUnavailable:
+            return False
+        return head >= receipt.block_number + self.confirmations
 
     async def _nonce_taken(self, p: Pending) -> bool:
         """Whether a mined transaction that is none of `p`'s signatures used its nonce."""

@@ -13,8 +13,9 @@ is all-or-nothing: its events are applied to copies and committed with the new b
 every call succeeded, so an RPC failure half-way never leaves a half-updated snapshot. On failure the
 last good snapshot stays in force and the poll is retried with exponential back-off.
 
-Not handled: chain reorganisations deeper than `confirmations` blocks (the pool chain is a single
-sequencer L2; raise `confirmations` on chains that reorg).
+Events are read `confirmations` blocks under the head (the network's default, `INTELLECT_CONFIRMATIONS`),
+so a shallow reorganisation never reaches the view. A deeper one is seen (the block the view was read
+up to has another hash now) and the view is rebuilt from the deployment block: what it removed is gone.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class ChainMembership:
         max_backoff: float = 30.0,
         poll_timeout: float = 30.0,
         max_blocks_per_poll: int = 50_000,
-        confirmations: int = 0,
+        confirmations: int | None = None,
     ) -> None:
         if interval <= 0 or max_backoff < interval or poll_timeout <= 0 or max_blocks_per_poll < 1:
             raise ValueError("need interval > 0, max_backoff >= interval, poll_timeout > 0, max_blocks_per_poll >= 1")
@@ -59,13 +60,16 @@ class ChainMembership:
         self.max_backoff = max_backoff
         self.poll_timeout = poll_timeout
         self.max_blocks_per_poll = max_blocks_per_poll
-        self.confirmations = max(0, confirmations)
+        self.confirmations = max(0, client.confirmations if confirmations is None else confirmations)
+        self.reorgs = 0
+        """Reorganisations seen deeper than `confirmations` (each one rebuilt the view from the deployment)."""
         self.failures = 0
         """Consecutive failed polls (0 when the last poll succeeded): a health signal for operators."""
         self.last_refresh: float | None = None
         """`time.monotonic()` of the last successful poll; how stale the snapshot may be."""
         self.block = -1
         """Last block whose events are reflected in the snapshot (-1 before the first load)."""
+        self._block_hash = ""
         self._snapshot: Membership | None = None
         self._validators: set[str] = set()
         self._members: set[str] = set()
@@ -100,13 +104,23 @@ class ChainMembership:
         with trio.fail_after(self.poll_timeout):
             head = await c.rpc.block_number() - self.confirmations
             pool = await c.call("PoolManager", "getPool", self.pool, block=hex(head) if head >= 0 else "latest")
-            start = max(self.block + 1, c.deployment.block)
-            end = min(head, start + self.max_blocks_per_poll - 1)
+            last, last_hash = self.block, self._block_hash
             validators, members = set(self._validators), set(self._members)
+            if last_hash and (await c.rpc.get_block(last)).get("hash") != last_hash:
+                # The block the view was read up to is gone: a reorganisation deeper than the
+                # confirmation depth. What it removed (a join, a kick) must not stay: read it all again.
+                logger.warning(
+                    "pool %d: block %d was reorganised away; rebuilding the membership view", self.pool, last
+                )
+                self.reorgs += 1
+                last, last_hash, validators, members = -1, "", set(), set()
+            start = max(last + 1, c.deployment.block)
+            end = min(head, start + self.max_blocks_per_poll - 1)
             if end >= start:
                 events = await c.events(["PoolManager"], from_block=start, to_block=end)
                 for ev in events:
                     self._apply(ev.name, ev.args, validators, members)
+                last, last_hash = end, str((await c.rpc.get_block(end)).get("hash", ""))
         if int(pool["status"]) == 0:
             raise LookupError(f"pool {self.pool} does not exist on chain")
         snap = Membership(
@@ -117,7 +131,7 @@ class ChainMembership:
         )
         # Commit: nothing above this line modified the cached state.
         self._validators, self._members = validators, members
-        self.block = max(self.block, end)
+        self.block, self._block_hash = last, last_hash
         self.last_refresh = time.monotonic()
         self.failures = 0
         if snap != self._snapshot:

@@ -49,8 +49,9 @@ class LedgerMixin:
         assert self.chain is not None
         # bounded reads: a long outage is caught up in several rounds
         got = await new_ledger_events(
-            self.chain, self.store, "invalidation_cursor", self.cfg.pool_id, "WorkInvalidated", max_blocks=10_000
-        )
+            self.chain, self.store, "invalidation_cursor", self.cfg.pool_id, "WorkInvalidated", max_blocks=10_000,
+            on_reorg=self.state.forget_invalidations_after,  # a removed invalidation must not count to a blacklist
+        )  # fmt: skip
         if got is None:
             return 0
         events, move = got

@@ -207,6 +207,12 @@ class CoordinatorState:
     def invalidations(self, node: str) -> int:
         return int(self.store.scalar("SELECT COUNT(*) FROM invalidated WHERE node = ?", (node,)) or 0)
 
+    @staticmethod
+    def forget_invalidations_after(block: int) -> Stmts:
+        """The statements that drop invalidations read from blocks after `block` (a reorganisation took
+        them; those still in the chain are read again)."""
+        return [("DELETE FROM invalidated WHERE block > ?", (block,))]
+
     def add_invalidations(self, found: list[tuple[str, str | None, int]], move: Stmts) -> None:
         """`WorkInvalidated` events as (work key, node we accepted it from, block), with the cursor, in one
         transaction; each such node's untrained rollouts are never trained on."""

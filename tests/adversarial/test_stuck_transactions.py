@@ -18,8 +18,9 @@ import pytest
 import trio
 
 from node.chain import NonceTaken, TxTimeout, abi
+from node.chain.fees import bumped_fees
 from node.chain.rpc import RpcClient
-from node.chain.tx import Pending, TxSender, bumped_fees
+from node.chain.tx import Pending, TxSender
 from node.store import Store, settle_journal
 from pool.deploy import TOKEN
 from tests.conftest import World

@@ -25,6 +25,7 @@ RULE_MODULES = [
     "node/toploc/proofs.py",
     "node/chain/messages.py",
     "node/chain/signing.py",
+    "node/chain/fees.py",
     "node/tasks/math.py",
     "node/sandbox/policy.py",
     "node/audit.py",
