@@ -144,23 +144,21 @@ async def new_ledger_events(
     cursor = int(store.get(cursor_key, str(c.deployment.block - 1)) or 0)
     seen = store.get(cursor_key + ":hash") or ""
     head = await retry_rpc(c.rpc.block_number, "block number") - c.confirmations
-    if seen and cursor >= 0:
-        block = await retry_rpc(lambda: c.rpc.get_block(cursor), "cursor block")
-        if block.get("hash") != seen:
-            back = max(c.deployment.block - 1, cursor - REORG_REWIND)
-            log.warning(
-                "%s: block %d is not the one read before (a reorganisation deeper than %d blocks); reading again from %d",
-                cursor_key, cursor, c.confirmations, back + 1,
-            )  # fmt: skip
-            undo = on_reorg(back) if on_reorg is not None else []
-            store.execute_many(
-                [*undo, Store.put_statement(cursor_key, str(back)), Store.put_statement(cursor_key + ":hash", "")]
-            )
-            cursor = back
     if head <= cursor:
-        return None
+        return None  # nothing new (a reorganisation comes with new blocks: it is seen then)
+    if seen and await retry_rpc(lambda: c.rpc.block_hash(cursor), "cursor block") != seen:
+        back = max(c.deployment.block - 1, cursor - REORG_REWIND)
+        log.warning(
+            "%s: block %d is not the one read before (a reorganisation deeper than %d blocks); reading again from %d",
+            cursor_key, cursor, c.confirmations, back + 1,
+        )  # fmt: skip
+        undo = on_reorg(back) if on_reorg is not None else []
+        store.execute_many(
+            [*undo, Store.put_statement(cursor_key, str(back)), Store.put_statement(cursor_key + ":hash", "")]
+        )
+        cursor = back
     to = head if max_blocks is None else min(head, cursor + max_blocks)
-    to_hash = str((await retry_rpc(lambda: c.rpc.get_block(to), "block"))["hash"])
+    to_hash = await retry_rpc(lambda: c.rpc.block_hash(to), "block") or ""  # "": not one the node serves
     events = await retry_rpc(
         lambda: c.events(["WorkLedger"], from_block=cursor + 1, to_block=to, topics=[None, topic(pool_id)]),
         f"{name} events",

@@ -65,12 +65,14 @@ class Anvil:
         block_time: float | None = None,
         state_file: str | None = None,
         log_file: str | None = None,
+        genesis_number: int = 0,
     ) -> None:
         self.port = port or free_port()
         self.chain_id = chain_id
         self.block_time = block_time
         self.state_file = state_file
         self.log_file = log_file
+        self.genesis_number = genesis_number  # the first block's number (a chain with a long past, cheaply)
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -80,6 +82,8 @@ class Anvil:
             cmd += ["--block-time", str(self.block_time)]
         if self.state_file:
             cmd += ["--state", self.state_file]
+        if self.genesis_number:
+            cmd += ["--number", str(self.genesis_number)]
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout

@@ -218,6 +218,11 @@ class RpcClient:
             raise RpcError(f"block {tag} not found")
         return dict(block)
 
+    async def block_hash(self, number: int) -> str | None:
+        """The hash of block `number` in the node's chain now; None if it has no such block."""
+        block = await self.request("eth_getBlockByNumber", [hex(number), False])
+        return str(block["hash"]) if isinstance(block, dict) and block.get("hash") else None
+
     async def balance(self, address: str, tag: str = "latest") -> int:
         return int(await self.request("eth_getBalance", [address, tag]), 16)
 

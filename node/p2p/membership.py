@@ -106,7 +106,7 @@ class ChainMembership:
             pool = await c.call("PoolManager", "getPool", self.pool, block=hex(head) if head >= 0 else "latest")
             last, last_hash = self.block, self._block_hash
             validators, members = set(self._validators), set(self._members)
-            if last_hash and (await c.rpc.get_block(last)).get("hash") != last_hash:
+            if last_hash and await c.rpc.block_hash(last) != last_hash:
                 # The block the view was read up to is gone: a reorganisation deeper than the
                 # confirmation depth. What it removed (a join, a kick) must not stay: read it all again.
                 logger.warning(
@@ -120,7 +120,7 @@ class ChainMembership:
                 events = await c.events(["PoolManager"], from_block=start, to_block=end)
                 for ev in events:
                     self._apply(ev.name, ev.args, validators, members)
-                last, last_hash = end, str((await c.rpc.get_block(end)).get("hash", ""))
+                last, last_hash = end, await c.rpc.block_hash(end) or ""
         if int(pool["status"]) == 0:
             raise LookupError(f"pool {self.pool} does not exist on chain")
         snap = Membership(
