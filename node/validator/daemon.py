@@ -120,6 +120,7 @@ class Validator(CheckingMixin, DisputesMixin):
             "accused": counts.get("accused", 0),
             "duties": self.store.counts("duties"),
             "txs": self.store.journal.counts(),
+            "rpc": self.chain.rpc.health() if self.chain is not None else [],
             "last_error": self.last_error,
         }
 

@@ -156,6 +156,7 @@ class Worker(JoiningMixin, GenerationMixin, AccusationsMixin):
             "relay": self.relay_url,
             "peers": len(self.net.node.peers) if self.net else 0,
             "txs": self.store.journal.counts(),
+            "rpc": self.chain.rpc.health() if self.chain is not None else [],
             "last_error": self.last_error,
         }
 

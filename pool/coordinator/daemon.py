@@ -147,6 +147,7 @@ class Coordinator(IntakeMixin, LedgerMixin, NetworkMixin, TrainingMixin):
             "relays": sorted(self.relays.live(time.time())),
             "relays_refused": self.relays.refused(time.time()),
             "txs": self.store.journal.counts(),
+            "rpc": self.chain.rpc.health() if self.chain is not None else [],
             "gossip_rejected": {str(k): v for k, v in self.net.rejected.items()} if self.net else {},
             "last_error": self.last_error,
         }

@@ -100,7 +100,9 @@ def test_worker_claims_everything_through_a_provider_that_caps_log_ranges(chain:
             refused_first = proxy.refused
             rpc_sync(chain.url, "anvil_mine", [hex(10)])
             before = dict(proxy.calls)
-            assert await w.claim_final() == 0  # nothing new: the next scan reads the new blocks only (10 and the claim's)
+            assert (
+                await w.claim_final() == 0
+            )  # nothing new: the next scan reads the new blocks only (10 and the claim's)
             after = {m: n - before.get(m, 0) for m, n in proxy.calls.items() if n > before.get(m, 0)}
             return reward, refused_first, w.state.tracked_count(), after
         finally:
@@ -189,3 +191,45 @@ def test_claims_follow_a_deep_reorganisation(chain: World, tmp_path: Path):
 
     got, tracked, sent = trio.run(go)
     assert (got, tracked, sent) == (0, 0, 0)
+
+
+def test_every_role_carries_on_when_the_first_of_two_urls_dies(chain: World, tmp_path: Path, monkeypatch, capsys):
+    """Coordinator (recording work), validator (following and checking records), membership (every
+    role's view) and a command (`chain info`), all given `dead-soon,anvil`: the first dies mid-run."""
+    from cli.main import entry
+    from node import ops
+    from node.p2p.membership import ChainMembership
+    from node.validator import Validator, ValidatorConfig
+
+    keys = ["0x" + "f7" * 32]
+    pid = _setup(chain, keys)
+    first = RpcProxy(chain.url)
+    urls = f"{first.url},{chain.url}"
+
+    async def go() -> tuple[int, int, bool]:
+        co = await ChainClient.connect(urls, chain.deployment, chain.coordinator)
+        v = Validator(ValidatorConfig(pid, tmp_path / "v", urls, chain.deployment), chain.validator)
+        v.chain = await ChainClient.connect(urls, chain.deployment, chain.validator)
+        reader = await ChainClient.connect(urls, chain.deployment, None)
+        try:
+            cm = ChainMembership(reader, pid)
+            await cm.refresh()
+            assert await v.follow() == 1
+            first.kill()  # mid-run
+            item = ops.WorkItem(chain.node.address, "0x" + "f8" * 32, 10, 0, "0x" + "ab" * 32)
+            with trio.fail_after(30):
+                await ops.record_work(co, pid, [item])
+                new = await v.follow()
+                snap = await cm.refresh()
+            return new, len(v.state.open_checks(("pending",))), chain.node.address in snap.members
+        finally:
+            for c in (co, v.chain, reader):
+                await c.aclose()
+            v.store.close()
+
+    new, pending, member = trio.run(go)
+    assert (new, pending, member) == (1, 2, True)
+    monkeypatch.setenv("INTELLECT_DEPLOYMENT", str(chain.deployment_path))
+    capsys.readouterr()
+    assert entry(["chain", "info", "--rpc-url", urls, "--json"]) == 0  # the first URL is dead by now
+    assert json.loads(capsys.readouterr().out)["chain_id"] == chain.deployment.chain_id
