@@ -15,8 +15,9 @@ from .chain.errors import ChainError
 
 
 async def audit(c: ChainClient, pool_id: int, node: str | None = None, *, concurrency: int = 16) -> AuditReport:
-    """Fetch a snapshot at the latest block, rebuild from events, compare with state."""
-    block = await c.rpc.block_number()
+    """Fetch a snapshot at the latest confirmed block (`c.confirmations` under the head: a shallow
+    reorganisation cannot split it), rebuild from events, compare with state."""
+    block = max(0, await c.rpc.block_number() - c.confirmations)
     tag = hex(block)
     pool = await c.call("PoolManager", "getPool", pool_id, block=tag)
     if int(pool["status"]) == 0:

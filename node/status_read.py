@@ -43,8 +43,9 @@ async def provider_status(
     node: str | None = None,
     signer: str | None = None,
 ) -> dict[str, Any]:
-    """Everything `intellect-node status` shows, as a JSON-able dict (amounts in base units)."""
-    block = await c.rpc.block_number()
+    """Everything `intellect-node status` shows, as a JSON-able dict (amounts in base units), at the
+    latest confirmed block."""
+    block = max(0, await c.rpc.block_number() - c.confirmations)
     tag = hex(block)
     now = await c.timestamp(block)
     pool = await c.call("PoolManager", "getPool", pool_id, block=tag)
