@@ -146,7 +146,10 @@ async def new_ledger_events(
     head = await retry_rpc(c.rpc.block_number, "block number") - c.confirmations
     if head <= cursor:
         return None  # nothing new (a reorganisation comes with new blocks: it is seen then)
-    if seen and await retry_rpc(lambda: c.rpc.block_hash(cursor), "cursor block") != seen:
+    now_hash = await retry_rpc(lambda: c.rpc.block_hash(cursor), "cursor block") if seen else seen
+    if now_hash is None:
+        return None  # the endpoint does not serve that block (lagging, or the chain got shorter): next round
+    if now_hash != seen:
         back = max(c.deployment.block - 1, cursor - REORG_REWIND)
         log.warning(
             "%s: block %d is not the one read before (a reorganisation deeper than %d blocks); reading again from %d",

@@ -28,7 +28,8 @@ from node.errors import IntellectError
 from node.fsio import write_file
 
 from .chain.errors import ChainError, NonceTaken
-from .chain.tx import Pending, Receipt, TxSender
+from .chain.pending import Pending
+from .chain.tx import Receipt, TxSender
 from .evidence import encode_evidence
 
 log = logging.getLogger(__name__)

@@ -101,8 +101,8 @@ def anvil() -> Iterator[Anvil]:
         yield a
 
 
-@pytest.fixture(scope="session")
-def world(anvil: Anvil, tmp_path_factory: pytest.TempPathFactory) -> World:
+def make_world(anvil: Anvil, folder: Path) -> World:
+    """The real contracts deployed on `anvil`, tokens minted to the test parties."""
     keys = [from_hex(k) for k in ANVIL_KEYS]
     admin, provider, coordinator, validator, outsider, node, node2 = keys[:7]
 
@@ -116,9 +116,22 @@ def world(anvil: Anvil, tmp_path_factory: pytest.TempPathFactory) -> World:
         return dep
 
     dep = trio.run(setup)
-    path = tmp_path_factory.mktemp("deploy") / "deployment.json"
+    path = folder / "deployment.json"
     dep.save(path)
     return World(anvil.url, dep, path, admin, provider, coordinator, validator, outsider, node, node2)
+
+
+@pytest.fixture(scope="session")
+def world(anvil: Anvil, tmp_path_factory: pytest.TempPathFactory) -> World:
+    return make_world(anvil, tmp_path_factory.mktemp("deploy"))
+
+
+@pytest.fixture
+def own_chain(tmp_path: Path) -> Iterator[World]:
+    """A world on an anvil of its own, for tests that reorganise the chain (`anvil_reorg` and the session
+    chain's snapshot-and-revert do not mix)."""
+    with Anvil() as a:
+        yield make_world(a, tmp_path)
 
 
 async def slash_now(w: World, pool_id: int, work_key: str, evidence: str = "0x" + "ee" * 32) -> Receipt:

@@ -13,7 +13,7 @@ from eth_utils import to_checksum_address
 from . import abi
 from .deployment import Deployment
 from .errors import ChainError, DeploymentError, RpcError, WrongChain
-from .rpc import RpcClient
+from .rpc import RANGE_REFUSAL, RpcClient
 from .tx import Receipt, TxJournal, TxSender, revert_from_rpc
 
 log = logging.getLogger(__name__)
@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 #: the client keeps the smaller range for its later reads.
 LOG_CHUNK_BLOCKS = 2_000
 MAX_LOGS = 1_000_000
+#: Pages read without a refusal after which a halved range is doubled again (up to the configured one).
+LOG_RANGE_REGROW = 64
 
 
 #: Blocks an event or a transaction must be buried under before any role acts on it, per network
@@ -58,7 +60,8 @@ class ChainClient:
         self.rpc = rpc
         self.deployment = deployment
         self.sender = sender
-        self.log_range = log_range_default()
+        self.log_range = self._log_range_max = log_range_default()
+        self._log_range_ok = 0  # pages read since the range last changed
         self.confirmations = confirmations_default(deployment.network)
         self.log_range_refusals = 0  # how often a provider refused a range (each halves `log_range`)
         self._by_address = {addr.lower(): name for name, addr in deployment.contracts.items()}
@@ -133,7 +136,13 @@ class ChainClient:
             out = await self.rpc.call(self.contract(contract), f.encode(args), sender=sender, block=block)
         except RpcError as err:
             raise revert_from_rpc(err, f"{contract}.{fn}") from None
-        return f.decode(out)
+        try:
+            return f.decode(out)
+        except Exception as exc:  # eth_abi's decoding errors: an answer that is no return value of `fn`
+            raise RpcError(
+                f"{contract}.{fn}: the RPC endpoint's answer {out[:74]!r} is not its return value ({exc})",
+                hint="no contract at the deployment's address on this chain, or a broken endpoint",
+            ) from None
 
     async def transact(
         self, contract: str, fn: str, *args: Any, what: str | None = None, gas: int | None = None
@@ -177,11 +186,12 @@ class ChainClient:
             try:
                 page = await self.rpc.get_logs(addresses, lo, hi, topics)
             except RpcError as err:
-                if step == 1:
+                if hi == lo or not any(w in str(err).lower() for w in RANGE_REFUSAL):
                     raise
-                step = max(1, step // 2)
+                step = max(1, (hi - lo + 1) // 2)  # the provider caps the range (or the results): half of it
                 self.log_range = min(self.log_range, step)
                 self.log_range_refusals += 1
+                self._log_range_ok = 0
                 log.warning(
                     "eth_getLogs over %d blocks refused (%s); reading %d blocks at a time", hi - lo + 1, err, step
                 )
@@ -190,6 +200,10 @@ class ChainClient:
             if len(logs) > MAX_LOGS:
                 raise ChainError(f"more than {MAX_LOGS} logs between blocks {start} and {end}", "narrow the range")
             lo = hi + 1
+            self._log_range_ok += 1
+            if self._log_range_ok >= LOG_RANGE_REGROW and self.log_range < self._log_range_max:
+                self.log_range = min(self._log_range_max, self.log_range * 2)  # a refusal may have been a bad moment
+                self._log_range_ok = 0
         events = self.decode_logs(logs)
         events.sort(key=lambda e: (e.block_number, e.log_index))
         return events

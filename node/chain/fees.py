@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 from .errors import ChainError
@@ -12,6 +13,8 @@ BUMP_NUM, BUMP_DEN = 9, 8
 #: Default cap on `maxFeePerGas` (wei): 500 gwei, far above any L2's fees; `INTELLECT_MAX_FEE_GWEI`
 #: sets another for every command and daemon.
 DEFAULT_MAX_FEE = 500 * 10**9
+#: The highest tip (wei) taken from a node's suggestion when the base fee is lower: 2 gwei.
+MAX_TIP_FLOOR = 2 * 10**9
 #: Default seconds a transaction may stay unmined before it is replaced (`INTELLECT_BUMP_AFTER`).
 DEFAULT_BUMP_AFTER = 30.0
 
@@ -24,8 +27,8 @@ def env_number(name: str, default: float) -> float:
         value = float(text)
     except ValueError:
         raise ChainError(f"{name}={text!r} is not a number") from None
-    if not value > 0:
-        raise ChainError(f"{name} must be positive, not {text}")
+    if not (value > 0 and math.isfinite(value)):
+        raise ChainError(f"{name} must be a positive finite number, not {text}")
     return value
 
 

@@ -10,7 +10,9 @@ an endpoint is used only after it has shown the chain id the client was bound to
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -46,6 +48,85 @@ def parse_urls(urls: str | Sequence[str]) -> list[str]:
     if len(out) > MAX_ENDPOINTS:
         raise RpcUnavailable(f"{len(out)} RPC URLs given; at most {MAX_ENDPOINTS}")
     return out
+
+
+# ---------------------------------------------------------------- answers, checked before anyone uses them
+# A malformed answer is the endpoint's failure (it rests, the next one answers), never a crash deeper in.
+
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def quantity(v: Any) -> int:
+    """A JSON-RPC quantity ("0x1a")."""
+    if isinstance(v, str) and v[:2] in ("0x", "0X") and 2 < len(v) <= 66 and _HEX.issuperset(v[2:]):
+        return int(v, 16)
+    raise ValueError(f"not a hex quantity: {str(v)[:60]!r}")
+
+
+def hex_data(v: Any, size: int | None = None) -> str:
+    """0x-prefixed hex bytes (of `size` bytes when given)."""
+    ok = isinstance(v, str) and v[:2] == "0x" and len(v) % 2 == 0 and _HEX.issuperset(v[2:])
+    if ok and (size is None or len(v) == 2 + 2 * size):
+        return str(v)
+    raise ValueError(f"not hex data{f' of {size} bytes' if size else ''}: {str(v)[:60]!r}")
+
+
+def block_or_none(v: Any) -> dict[str, Any] | None:
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise ValueError("a block is not an object")
+    hex_data(v.get("hash"), 32)
+    quantity(v.get("number"))
+    quantity(v.get("timestamp"))
+    if v.get("baseFeePerGas") is not None:
+        quantity(v["baseFeePerGas"])
+    return v
+
+
+def log_entries(v: Any) -> list[dict[str, Any]]:
+    if not isinstance(v, list):
+        raise ValueError("the logs are not a list")
+    for entry in v:
+        if not isinstance(entry, dict) or not isinstance(entry.get("topics"), list) or len(entry["topics"]) > 4:
+            raise ValueError("a log entry is malformed")
+        hex_data(entry.get("address"), 20)
+        for t in entry["topics"]:
+            hex_data(t, 32)
+        hex_data(entry.get("data"))
+        hex_data(entry.get("transactionHash"), 32)
+        quantity(entry.get("blockNumber"))
+        quantity(entry.get("logIndex"))
+    return v
+
+
+def receipt_or_none(v: Any) -> dict[str, Any] | None:
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise ValueError("a receipt is not an object")
+    hex_data(v.get("transactionHash"), 32)
+    hex_data(v.get("blockHash"), 32)
+    for k in ("blockNumber", "gasUsed", "status"):
+        quantity(v.get(k))
+    log_entries(v.get("logs", []))
+    return v
+
+
+#: Words of providers' errors that say "not now, not here" (rate limits, a lagging backend): the
+#: endpoint rests and the next one answers. For `eth_getLogs`, "limit" words may also mean the range
+#: was too large: those are left to the caller (`ChainClient.events` halves the range).
+_TROUBLE = ("rate limit", "too many requests", "capacity", "header not found", "unknown block", "try again",
+            "daily", "credits", "throttl", "overloaded", "timeout", "timed out")  # fmt: skip
+RANGE_REFUSAL = ("range", "results", "too large", "too many logs", "response size", "limit", "exceed", "10000")
+
+
+def endpoint_trouble(method: str, err: RpcError) -> bool:
+    """Whether a JSON-RPC error is the endpoint's trouble (retry elsewhere) rather than an answer. Pure."""
+    text = str(err).lower()
+    if method == "eth_getLogs" and any(w in text for w in RANGE_REFUSAL) and "rate" not in text:
+        return False
+    return err.code in (-32005, -32090) or any(w in text for w in _TROUBLE)
 
 
 @dataclass
@@ -136,28 +217,41 @@ class RpcClient:
             log.warning("RPC endpoint %s failed (%s); resting it %.0f s", e.url, why, e.rest_until - time.monotonic())
 
     async def _post(self, e: Endpoint, method: str, params: list[Any]) -> Any:
-        """One call to one endpoint. Raises RpcUnavailable (transport, 5xx, 429) or RpcError."""
+        """One call to one endpoint, whole within `timeout`, its answer at most MAX_RESPONSE_BYTES (read
+        in pieces, never whole first). Raises RpcUnavailable for the endpoint's failures (transport,
+        HTTP errors, a non-JSON or oversized answer) or RpcError for a JSON-RPC error."""
         payload = {"jsonrpc": "2.0", "id": next(self._ids), "method": method, "params": params}
         e.calls += 1
         try:
-            resp = await self._http.post(e.url, json=payload)
-        except (httpx.TransportError, OSError) as exc:
+            with trio.fail_after(self.timeout):
+                async with self._http.stream("POST", e.url, json=payload) as resp:
+                    if resp.status_code >= 500 or resp.status_code in (401, 403, 404, 408, 429):
+                        raise RpcUnavailable(f"RPC endpoint {e.url} answered HTTP {resp.status_code}")
+                    parts, size = [], 0
+                    async with contextlib.aclosing(resp.aiter_bytes()) as chunks:
+                        async for chunk in chunks:
+                            size += len(chunk)
+                            if size > MAX_RESPONSE_BYTES:
+                                raise RpcUnavailable(
+                                    f"RPC endpoint {e.url} answered {method} with over {MAX_RESPONSE_BYTES} bytes"
+                                )
+                            parts.append(chunk)
+        except trio.TooSlowError:
+            raise RpcUnavailable(f"RPC endpoint {e.url} did not answer {method} within {self.timeout:.0f} s") from None
+        except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
             raise RpcUnavailable(f"cannot reach the RPC endpoint {e.url} ({exc!r})") from None
-        if resp.status_code >= 500 or resp.status_code == 429:
-            raise RpcUnavailable(f"RPC endpoint {e.url} answered HTTP {resp.status_code}")
-        if len(resp.content) > MAX_RESPONSE_BYTES:
-            raise RpcError(f"RPC response to {method} is larger than {MAX_RESPONSE_BYTES} bytes")
         try:
-            body = resp.json()
+            body = json.loads(b"".join(parts))
         except ValueError:
-            raise RpcError(f"RPC endpoint {e.url} sent a non-JSON answer (HTTP {resp.status_code})") from None
+            raise RpcUnavailable(f"RPC endpoint {e.url} sent a non-JSON answer (HTTP {resp.status_code})") from None
         if not isinstance(body, dict):
-            raise RpcError(f"RPC endpoint {e.url} sent a malformed answer to {method}")
+            raise RpcUnavailable(f"RPC endpoint {e.url} sent a malformed answer to {method}")
         if "error" in body and body["error"] is not None:
             err = body["error"]
             if not isinstance(err, dict):
-                raise RpcError(f"RPC endpoint {e.url} sent a malformed error for {method}")
-            raise RpcError(str(err.get("message", err))[:2000], code=err.get("code"), data=err.get("data"))
+                raise RpcUnavailable(f"RPC endpoint {e.url} sent a malformed error for {method}")
+            code = err.get("code") if isinstance(err.get("code"), int) else None
+            raise RpcError(str(err.get("message", err))[:2000], code=code, data=err.get("data"))
         return body.get("result")
 
     async def _check_chain(self, e: Endpoint) -> None:
@@ -165,8 +259,8 @@ class RpcClient:
         if self.chain_id_bound is None or e.chain_ok:
             return
         try:
-            got = int(await self._post(e, "eth_chainId", []), 16)
-        except (RpcError, TypeError, ValueError) as exc:
+            got = quantity(await self._post(e, "eth_chainId", []))
+        except (RpcError, ValueError) as exc:
             raise RpcUnavailable(f"RPC endpoint {e.url} did not say its chain id ({exc})") from None
         if got != self.chain_id_bound:
             e.wrong_chain = True
@@ -174,11 +268,14 @@ class RpcClient:
             raise WrongChain(f"RPC endpoint {e.url} serves chain id {got}, not {self.chain_id_bound}")
         e.chain_ok = True
 
-    async def request(self, method: str, params: list[Any] | None = None, *, retry: bool = True) -> Any:
-        """One JSON-RPC call, answered by the first endpoint that can. Transport failures move on to
-        the next endpoint at once, and after a round in which every endpoint failed the call waits
-        (back-off) and tries again, `retries` times; JSON-RPC errors are raised at once as `RpcError`
-        (with the node's `data`, e.g. revert bytes)."""
+    async def request(
+        self, method: str, params: list[Any] | None = None, *, retry: bool = True, expect: Any = None
+    ) -> Any:
+        """One JSON-RPC call, answered by the first endpoint that can; `expect(result)` checks and
+        converts the answer. An endpoint's failure (transport, HTTP error, a malformed answer, a rate
+        limit or a lagging backend's error) moves on to the next endpoint at once, and after a round in
+        which every endpoint failed the call waits (back-off) and tries again, `retries` times; other
+        JSON-RPC errors are raised at once as `RpcError` (with the node's `data`, e.g. revert bytes)."""
         rounds = 1 + (self.retries if retry else 0)
         last: Exception | None = None
         for attempt in range(rounds):
@@ -188,13 +285,23 @@ class RpcClient:
                 try:
                     await self._check_chain(e)
                     result = await self._post(e, method, params or [])
+                    if expect is not None:
+                        result = expect(result)
+                except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                    last = RpcUnavailable(f"RPC endpoint {e.url} sent a malformed answer to {method}: {exc}")
+                    self._failed(e, str(last))
+                    continue
                 except (RpcUnavailable, WrongChain) as exc:
                     last = exc
                     if isinstance(exc, RpcUnavailable):
                         self._failed(e, str(exc))
                     log.debug("rpc %s on %s failed: %s", method, e.url, exc)
                     continue
-                except RpcError:
+                except RpcError as err:
+                    if endpoint_trouble(method, err):
+                        last = err
+                        self._failed(e, str(err))
+                        continue
                     e.failures = 0
                     raise
                 e.failures = 0
@@ -206,34 +313,50 @@ class RpcClient:
         )
 
     async def chain_id(self) -> int:
-        return int(await self.request("eth_chainId"), 16)
+        return int(await self.request("eth_chainId", expect=quantity))
 
     async def block_number(self) -> int:
-        return int(await self.request("eth_blockNumber"), 16)
+        return int(await self.request("eth_blockNumber", expect=quantity))
 
     async def get_block(self, tag: str | int = "latest") -> dict[str, Any]:
         t = hex(tag) if isinstance(tag, int) else tag
-        block = await self.request("eth_getBlockByNumber", [t, False])
+        block = await self.request("eth_getBlockByNumber", [t, False], expect=block_or_none)
         if block is None:
             raise RpcError(f"block {tag} not found")
         return dict(block)
 
     async def block_hash(self, number: int) -> str | None:
         """The hash of block `number` in the node's chain now; None if it has no such block."""
-        block = await self.request("eth_getBlockByNumber", [hex(number), False])
-        return str(block["hash"]) if isinstance(block, dict) and block.get("hash") else None
+        block = await self.request("eth_getBlockByNumber", [hex(number), False], expect=block_or_none)
+        return str(block["hash"]) if block is not None else None
 
     async def balance(self, address: str, tag: str = "latest") -> int:
-        return int(await self.request("eth_getBalance", [address, tag]), 16)
+        return int(await self.request("eth_getBalance", [address, tag], expect=quantity))
+
+    async def nonce(self, address: str, tag: str = "latest") -> int:
+        """The account's transaction count at `tag` (a block number or "latest" / "pending")."""
+        t = hex(tag) if isinstance(tag, int) else tag
+        return int(await self.request("eth_getTransactionCount", [address, t], expect=quantity))
+
+    async def receipt(self, tx_hash: str) -> dict[str, Any] | None:
+        """The receipt of `tx_hash`, checked to be that transaction's; None while it is not mined."""
+
+        def mine(v: Any) -> dict[str, Any] | None:
+            rc = receipt_or_none(v)
+            if rc is not None and str(rc["transactionHash"]).lower() != tx_hash.lower():
+                raise ValueError(f"the receipt asked for {tx_hash} is another transaction's")
+            return rc
+
+        return await self.request("eth_getTransactionReceipt", [tx_hash], expect=mine)  # type: ignore[no-any-return]
 
     async def code(self, address: str) -> str:
-        return str(await self.request("eth_getCode", [address, "latest"]))
+        return str(await self.request("eth_getCode", [address, "latest"], expect=hex_data))
 
     async def call(self, to: str, data: str, *, sender: str | None = None, block: str = "latest") -> str:
         tx: dict[str, Any] = {"to": to, "data": data}
         if sender:
             tx["from"] = sender
-        return str(await self.request("eth_call", [tx, block]))
+        return str(await self.request("eth_call", [tx, block], expect=hex_data))
 
     async def get_logs(
         self,
@@ -245,4 +368,4 @@ class RpcClient:
         flt: dict[str, Any] = {"address": addresses, "fromBlock": hex(from_block), "toBlock": hex(to_block)}
         if topics:
             flt["topics"] = topics
-        return list(await self.request("eth_getLogs", [flt]))
+        return list(await self.request("eth_getLogs", [flt], expect=log_entries))

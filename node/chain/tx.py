@@ -19,9 +19,10 @@ from eth_account.signers.local import LocalAccount
 
 from . import abi
 from .errors import ChainError, ContractRevert, InsufficientFunds, NonceTaken, RpcError, RpcUnavailable, TxTimeout
-from .fees import DEFAULT_BUMP_AFTER, DEFAULT_MAX_FEE, bumped_fees, env_number
+from .fees import DEFAULT_BUMP_AFTER, DEFAULT_MAX_FEE, MAX_TIP_FLOOR, bumped_fees, env_number
 from .messages import explain
-from .rpc import RpcClient
+from .pending import Pending, nonce_user
+from .rpc import RpcClient, quantity
 
 log = logging.getLogger(__name__)
 
@@ -74,42 +75,6 @@ def revert_from_rpc(err: RpcError, what: str) -> ChainError:
     return err
 
 
-@dataclass
-class Pending:
-    """One intent on its way to the chain: its nonce, the fields last signed, and every signature made
-    for it, oldest first (a fee bump adds one; at most one of them can ever be mined)."""
-
-    nonce: int
-    what: str
-    tx: dict[str, Any] | None  # None: only the bytes are known (a wait on a bare hash)
-    signed: list[tuple[str, str]]  # (hash, raw)
-
-    @property
-    def tx_hash(self) -> str:
-        return self.signed[-1][0]
-
-    @property
-    def raw(self) -> str:
-        return self.signed[-1][1]
-
-    @classmethod
-    def from_journal(cls, nonce: int, what: str, signed: list[tuple[str, str]]) -> Pending:
-        """A pending intent rebuilt from journaled bytes (after a restart): the fields come from the
-        last signature, so it can be bumped again."""
-        from eth_account.typed_transactions import TypedTransaction
-        from hexbytes import HexBytes
-
-        tx: dict[str, Any] | None = None
-        with contextlib.suppress(Exception):  # not a type-2 transaction we made: wait, never re-sign
-            d = TypedTransaction.from_bytes(HexBytes(signed[-1][1])).as_dict()
-            tx = {k: d[k] for k in ("chainId", "nonce", "gas", "maxFeePerGas", "maxPriorityFeePerGas", "value")}
-            tx["data"] = "0x" + bytes(d["data"]).hex()
-            tx["type"] = 2
-            if d.get("to"):
-                tx["to"] = "0x" + bytes(d["to"]).hex()
-        return cls(nonce, what, tx, list(signed))
-
-
 class TxSender:
     """Sends transactions from one account. One instance per account per process; it serialises
     nonce assignment with a lock so concurrent trio tasks can share it.
@@ -151,17 +116,23 @@ class TxSender:
         self.decode_logs = decode_logs
         self.confirmations = confirmations
         self.bumps = 0  # replacements signed by this sender (for status and tests)
+        self.head = 0  # the latest block seen when fees were read
         self._nonce: int | None = None
         self._inflight: dict[int, Pending] = {}  # nonce -> intent signed and not yet seen mined
         self._lock = trio.Lock()
 
     async def _fees(self) -> tuple[int, int]:
+        """(max fee, tip) for a transaction now: twice the base fee plus the node's suggested tip, the tip
+        never above the base fee or 2 gwei (whichever is more: an endpoint cannot talk us into paying
+        the cap), both at most `max_fee`. Also sets `head` (the block they were read at)."""
         block = await self.rpc.get_block("latest")
-        base = int(block.get("baseFeePerGas", "0x0"), 16)
+        self.head = quantity(block["number"])
+        base = quantity(block.get("baseFeePerGas") or "0x0")
         try:
-            tip = int(await self.rpc.request("eth_maxPriorityFeePerGas"), 16)
+            tip = int(await self.rpc.request("eth_maxPriorityFeePerGas", expect=quantity))
         except RpcError:
             tip = 1_000_000_000
+        tip = min(tip, max(base, MAX_TIP_FLOOR))
         return min(2 * base + tip, self.max_fee), min(tip, self.max_fee)
 
     async def estimate(self, to: str | None, data: str, value: int, what: str) -> int:
@@ -170,13 +141,13 @@ class TxSender:
         if to:
             tx["to"] = to
         try:
-            gas = int(await self.rpc.request("eth_estimateGas", [tx]), 16)
+            gas = int(await self.rpc.request("eth_estimateGas", [tx], expect=quantity))
         except RpcError as err:
             raise revert_from_rpc(err, what) from None
         return int(gas * self.gas_multiplier) + 10_000
 
     async def _pending_nonce(self) -> int:
-        return int(await self.rpc.request("eth_getTransactionCount", [self.address, "pending"]), 16)
+        return await self.rpc.nonce(self.address, "pending")
 
     async def _next_nonce(self) -> int:
         """The nonce for a new intent (call with the lock held). Our own transactions missing from the
@@ -223,7 +194,7 @@ class TxSender:
             }
             if to:
                 tx["to"] = to
-            p = Pending(nonce, what, tx, [])
+            p = Pending(nonce, what, tx, [], sent_block=self.head)
             self._sign_into(p, tx)
             await self._broadcast(p)
             self._nonce = max(self._nonce or 0, p.nonce + 1)
@@ -261,23 +232,28 @@ class TxSender:
                 log.warning("%s: %s refused as underpriced (%s); it will be re-priced", p.what, p.tx_hash, err)
                 return
             if "nonce too low" in text or "nonce has already been used" in text:
-                for h, _ in p.signed:
-                    if await self.rpc.request("eth_getTransactionByHash", [h]) is not None:
-                        return
-                await self._resign_fresh(p)
+                # Ours mined already, or another transaction of this key took the nonce: only the chain
+                # can tell which. Until it shows another's, the intent waits (`wait_pending` asks again).
+                with contextlib.suppress(RpcError, RpcUnavailable):
+                    user = await nonce_user(self.rpc, self.address, p.nonce, p.sent_block)
+                    if user is not None and not p.ours(user):
+                        await self._resign_fresh(p)
                 return
             self._inflight.pop(p.nonce, None)
             raise revert_from_rpc(err, p.what) from None
 
     async def _resign_fresh(self, p: Pending) -> None:
-        assert p.tx is not None
+        """Sign `p` again under a fresh nonce: the chain showed another transaction with its nonce. Once
+        per intent; its earlier signatures stay watched."""
+        assert p.tx is not None and not p.resigned
         self._inflight.pop(p.nonce, None)
         fresh = max(await self._pending_nonce(), self._nonce or 0)
         log.warning("%s: nonce %d was taken by another transaction; re-signing with %d", p.what, p.nonce, fresh)
-        p.signed.clear()
+        p.resigned = True
         self._sign_into(p, dict(p.tx, nonce=fresh))
         self._nonce = fresh + 1
-        await self.rpc.request("eth_sendRawTransaction", [p.raw])
+        with contextlib.suppress(RpcUnavailable, RpcError):  # refused: re-broadcast while it is waited for
+            await self.rpc.request("eth_sendRawTransaction", [p.raw])
 
     async def _bump(self, p: Pending) -> None:
         """Replace `p` with higher fees (journaled first); at the fee cap, re-broadcast it as it is."""
@@ -326,9 +302,9 @@ class TxSender:
             mined = False
             for h, _ in reversed(p.signed):
                 try:
-                    rc = await self.rpc.request("eth_getTransactionReceipt", [h])
-                except RpcUnavailable:
-                    rc = None
+                    rc = await self.rpc.receipt(h)
+                except (RpcError, RpcUnavailable):
+                    rc = None  # ask again next round: the transaction may be mined whatever this said
                 if rc is None:
                     continue
                 receipt = self._receipt(rc)
@@ -359,10 +335,10 @@ class TxSender:
                 next_rebroadcast = now + self.rebroadcast_every
                 try:
                     taken = await self._nonce_taken(p)
-                except RpcUnavailable:
-                    taken = None  # the node is down: ask again at the next round
+                except (RpcError, RpcUnavailable):
+                    taken = None  # cannot tell now: ask again at the next round
                 if taken:
-                    if not resign or p.tx is None:
+                    if not resign or p.tx is None or p.resigned:
                         if self._inflight.get(p.nonce) is p:
                             del self._inflight[p.nonce]
                         raise NonceTaken(
@@ -370,10 +346,10 @@ class TxSender:
                         )
                     async with self._lock:
                         await self._resign_fresh(p)
-                    deadline = now + self.receipt_timeout
+                    deadline = now + self.receipt_timeout  # once: `resigned` forbids a second time
                 elif taken is False and p.tx is not None:
                     async with self._lock:
-                        with contextlib.suppress(RpcUnavailable):
+                        with contextlib.suppress(RpcError, RpcUnavailable):
                             await self._bump(p)
             elif p.raw and now >= next_rebroadcast:
                 next_rebroadcast = now + self.rebroadcast_every
@@ -391,27 +367,25 @@ class TxSender:
             return True
         try:
             head = await self.rpc.block_number()
-        except RpcUnavailable:
+        except (RpcError, RpcUnavailable):
             return False
         return head >= receipt.block_number + self.confirmations
 
-    async def _nonce_taken(self, p: Pending) -> bool:
-        """Whether a mined transaction that is none of `p`'s signatures used its nonce."""
-        mined = int(await self.rpc.request("eth_getTransactionCount", [self.address, "latest"]), 16)
-        if mined <= p.nonce:
-            return False
-        for h, _ in p.signed:  # mined between our receipt poll and now?
-            if await self.rpc.request("eth_getTransactionReceipt", [h]) is not None:
-                return False
-        return True
+    async def _nonce_taken(self, p: Pending) -> bool | None:
+        """True when the chain shows another transaction (none of `p`'s signatures) with `p`'s nonce in a
+        block; False when it shows none there or ours; None when it cannot tell (not mined yet either)."""
+        user = await nonce_user(self.rpc, self.address, p.nonce, p.sent_block)
+        if user is None:
+            return False if await self.rpc.nonce(self.address, "latest") <= p.nonce else None
+        return not p.ours(user)
 
     def _receipt(self, rc: dict[str, Any]) -> Receipt:
         logs = list(rc.get("logs", []))
         return Receipt(
             tx_hash=rc["transactionHash"],
-            block_number=int(rc["blockNumber"], 16),
-            gas_used=int(rc["gasUsed"], 16),
-            status=int(rc["status"], 16),
+            block_number=quantity(rc["blockNumber"]),
+            gas_used=quantity(rc["gasUsed"]),
+            status=quantity(rc["status"]),
             logs=logs,
             events=self.decode_logs(logs) if self.decode_logs else [],
         )

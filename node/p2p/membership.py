@@ -26,6 +26,7 @@ import time
 import trio
 
 from ..chain.client import ChainClient
+from ..chain.errors import RpcError
 from .rules import Membership, normalize_address
 
 logger = logging.getLogger(__name__)
@@ -106,21 +107,30 @@ class ChainMembership:
             pool = await c.call("PoolManager", "getPool", self.pool, block=hex(head) if head >= 0 else "latest")
             last, last_hash = self.block, self._block_hash
             validators, members = set(self._validators), set(self._members)
-            if last_hash and await c.rpc.block_hash(last) != last_hash:
-                # The block the view was read up to is gone: a reorganisation deeper than the
-                # confirmation depth. What it removed (a join, a kick) must not stay: read it all again.
-                logger.warning(
-                    "pool %d: block %d was reorganised away; rebuilding the membership view", self.pool, last
-                )
-                self.reorgs += 1
-                last, last_hash, validators, members = -1, "", set(), set()
+            rebuild = False
+            if last_hash:
+                now_hash = await c.rpc.block_hash(last)
+                if now_hash is None:  # a lagging endpoint: ask again next poll, the view stays as it is
+                    raise RpcError(f"the RPC endpoint does not serve block {last} (yet)")
+                if now_hash != last_hash:
+                    # The block the view was read up to is gone: a reorganisation deeper than the
+                    # confirmation depth. What it removed (a join, a kick) must not stay: the view is
+                    # read again from the deployment, whole, before it replaces the current one.
+                    logger.warning(
+                        "pool %d: block %d was reorganised away; rebuilding the membership view", self.pool, last
+                    )
+                    self.reorgs += 1
+                    rebuild = True
+                    last, last_hash, validators, members = -1, "", set(), set()
             start = max(last + 1, c.deployment.block)
-            end = min(head, start + self.max_blocks_per_poll - 1)
-            if end >= start:
-                events = await c.events(["PoolManager"], from_block=start, to_block=end)
-                for ev in events:
+            while start <= head:
+                end = min(head, start + self.max_blocks_per_poll - 1)
+                for ev in await c.events(["PoolManager"], from_block=start, to_block=end):
                     self._apply(ev.name, ev.args, validators, members)
                 last, last_hash = end, await c.rpc.block_hash(end) or ""
+                if not rebuild:
+                    break  # a poll reads one page; a long catch-up takes several polls
+                start = end + 1
         if int(pool["status"]) == 0:
             raise LookupError(f"pool {self.pool} does not exist on chain")
         snap = Membership(

@@ -56,6 +56,7 @@ from .disputes import DisputesMixin
 from .state import ValidatorState
 
 log = logging.getLogger("intellect.validator")
+GONE = "gone"  # a `settled` record the chain no longer holds (a reorganisation): reopened if it comes back
 
 
 @dataclass
@@ -228,6 +229,9 @@ class Validator(CheckingMixin, DisputesMixin):
         assert self.chain is not None
         c, pool, key = self.chain, self.cfg.pool_id, r["work_key"]
         rec = await retry_rpc(lambda: ops.record(c, pool, key), "record lookup")
+        if rec["statusName"] == "none":  # a reorganisation removed it; if it comes back, it is read again
+            self.state.set_status(key, "settled", GONE)
+            return
         if rec["status"] != 1:  # invalidated or accused (maybe by our own tx before a restart), or claimed
             d = await retry_rpc(lambda: ops.dispute(c, pool, key), "dispute lookup")
             ours = r["status"] == "invalid" and str(d["accuser"]).lower() == self.key.address.lower()

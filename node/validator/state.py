@@ -71,11 +71,14 @@ class ValidatorState:
     # -- records
 
     def add_records(self, events: list[DecodedEvent], move: Move) -> int:
-        """`WorkRecorded` events as pending checks, with the cursor, in one transaction."""
+        """`WorkRecorded` events as pending checks, with the cursor, in one transaction. A record read
+        again (a reorganisation) stays as it was, unless it had gone from the chain: then it is checked
+        again."""
         stmts: Move = [
             (
-                "INSERT OR IGNORE INTO checks(work_key, node, provider, units, policy_version, block) "
-                "VALUES(?, ?, ?, ?, ?, ?)",
+                "INSERT INTO checks(work_key, node, provider, units, policy_version, block) VALUES(?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT(work_key) DO UPDATE SET status = 'pending', reason = NULL, block = excluded.block "
+                "WHERE checks.status = 'settled' AND checks.reason = 'gone'",
                 (
                     str(ev.args["workKey"]),
                     str(ev.args["node"]),

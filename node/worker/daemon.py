@@ -388,7 +388,10 @@ class Worker(JoiningMixin, GenerationMixin, AccusationsMixin):
         removed by a reorganisation)."""
         assert self.chain is not None
         c, pool = self.chain, self.cfg.pool_id
-        got = await new_ledger_events(c, self.state.store, "claim-cursor", pool, ("WorkRecorded", "WorkBatchRecorded"))
+        got = await new_ledger_events(
+            c, self.state.store, "claim-cursor", pool, ("WorkRecorded", "WorkBatchRecorded"),
+            on_reorg=self.state.reopen_recorded_after,
+        )  # fmt: skip
         if got is not None:
             events, move = got
             self.state.track_recorded(recorded_for(events, self.provider.address), move)
@@ -401,7 +404,7 @@ class Worker(JoiningMixin, GenerationMixin, AccusationsMixin):
             if step == "claim":
                 keys.append(key)
             elif step == "forget":
-                self.state.forget_recorded([key])
+                self.state.done_recorded([key], int(self.state.store.get("claim-cursor", "0") or 0))
             else:
                 self.state.check_later(key, max(deadline, now + DISPUTE_RECHECK_S))
         return keys
@@ -414,7 +417,7 @@ class Worker(JoiningMixin, GenerationMixin, AccusationsMixin):
             self.stake_now = int(await c.call("ProviderRegistry", "stakeOf", self.provider.address))
             return 0
         reward, receipts = await ops.claim_now(c, self.cfg.pool_id, keys)
-        self.state.forget_recorded(keys)
+        self.state.done_recorded(keys, max(r.block_number for r in receipts))
         self.state.add_claims(receipts)
         self._count("claims", len(keys))
         self._count("rewards_claimed_tokens", reward / 10**18)

@@ -10,6 +10,9 @@ from typing import Any
 
 from ..store import Store
 
+#: Blocks a claimed (or gone) record is kept after the newest one read, for a reorganisation to reopen it.
+KEEP_DONE_BLOCKS = 10_000
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS rollouts (
     work_key TEXT PRIMARY KEY,
@@ -25,7 +28,9 @@ CREATE TABLE IF NOT EXISTS recorded (       -- the provider's recorded work not 
     work_key TEXT PRIMARY KEY,
     deadline INTEGER NOT NULL,              -- chain time its validation window ends
     block INTEGER NOT NULL,
-    next_check INTEGER NOT NULL             -- chain time to look at it again (a dispute: later)
+    next_check INTEGER NOT NULL,            -- chain time to look at it again (a dispute: later)
+    done_block INTEGER                      -- the block it was claimed or found gone at (NULL: open);
+                                            -- kept a while, so a reorganisation can reopen it
 );
 CREATE TABLE IF NOT EXISTS claims (tx TEXT PRIMARY KEY, keys INTEGER NOT NULL, reward TEXT NOT NULL, at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS evidence (
@@ -84,7 +89,9 @@ class WorkerState:
     # -- the claim scan (incremental: event pages after a durable cursor, then only due records)
 
     def track_recorded(self, rows: list[tuple[str, int, int]], move: list[tuple[str, tuple[Any, ...]]]) -> None:
-        """Keep `rows` (key, deadline, block) and move the event cursor, in one transaction."""
+        """Keep `rows` (key, deadline, block) and move the event cursor, in one transaction; rows done
+        long ago (more than KEEP_DONE_BLOCKS before the newest) are dropped."""
+        newest = max((b for _, _, b in rows), default=None)
         self.store.execute_many(
             [
                 *(
@@ -93,23 +100,32 @@ class WorkerState:
                     for k, d, b in rows
                 ),
                 *move,
+                *([("DELETE FROM recorded WHERE done_block < ?", (newest - KEEP_DONE_BLOCKS,))] if newest else []),
             ]
         )  # fmt: skip
 
+    @staticmethod
+    def reopen_recorded_after(block: int) -> list[tuple[str, tuple[Any, ...]]]:
+        """Statements that reopen records claimed or found gone after `block` (a reorganisation may
+        have undone that)."""
+        return [("UPDATE recorded SET done_block = NULL, next_check = 0 WHERE done_block > ?", (block,))]
+
     def due_recorded(self, now: int, limit: int) -> list[tuple[str, int]]:
         rows = self.store.query(
-            "SELECT work_key, deadline FROM recorded WHERE next_check <= ? ORDER BY next_check LIMIT ?", (now, limit)
+            "SELECT work_key, deadline FROM recorded WHERE done_block IS NULL AND next_check <= ? "
+            "ORDER BY next_check LIMIT ?",
+            (now, limit),
         )
         return [(r["work_key"], int(r["deadline"])) for r in rows]
 
     def check_later(self, key: str, at: int) -> None:
         self.store.execute("UPDATE recorded SET next_check = ? WHERE work_key = ?", (at, key))
 
-    def forget_recorded(self, keys: list[str]) -> None:
-        self.store.execute_many(("DELETE FROM recorded WHERE work_key = ?", (k,)) for k in keys)
+    def done_recorded(self, keys: list[str], block: int) -> None:
+        self.store.execute_many(("UPDATE recorded SET done_block = ? WHERE work_key = ?", (block, k)) for k in keys)
 
     def tracked_count(self) -> int:
-        return int(self.store.scalar("SELECT COUNT(*) FROM recorded") or 0)
+        return int(self.store.scalar("SELECT COUNT(*) FROM recorded WHERE done_block IS NULL") or 0)
 
     # -- claims
 

@@ -28,9 +28,11 @@ class RpcProxy:
     `eth_getLogs` range it answers, refuses ranges over `max_log_range` the way hosted providers do,
     and can be killed (its port then refuses connections)."""
 
-    def __init__(self, target: str, max_log_range: int | None = None) -> None:
+    def __init__(self, target: str, max_log_range: int | None = None, hook: Any = None) -> None:
         self.target = target
         self.max_log_range = max_log_range
+        # hook(method, request) -> None (forward), a dict (answered as JSON), or (status, bytes) (sent as is)
+        self.hook = hook
         self.calls: dict[str, int] = {}
         self.ranges: list[int] = []
         self.refused = 0
@@ -45,6 +47,12 @@ class RpcProxy:
                 req = json.loads(body)
                 method = req.get("method", "")
                 proxy.calls[method] = proxy.calls.get(method, 0) + 1
+                if proxy.hook is not None:
+                    answer = proxy.hook(method, req)
+                    if isinstance(answer, tuple):
+                        return self._raw(*answer)
+                    if answer is not None:
+                        return self._send(answer)
                 if method == "eth_getLogs":
                     f = req["params"][0]
                     span = int(f["toBlock"], 16) - int(f["fromBlock"], 16) + 1
@@ -57,8 +65,10 @@ class RpcProxy:
                 self._send(r.json())
 
             def _send(self, obj: dict[str, Any]) -> None:
-                data = json.dumps(obj).encode()
-                self.send_response(200)
+                self._raw(200, json.dumps(obj).encode())
+
+            def _raw(self, status: int, data: bytes) -> None:
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -167,9 +177,10 @@ def test_a_failover_endpoint_on_another_chain_is_never_used(chain: World):
     assert health[1]["wrong_chain"] and not health[1]["ok"]
 
 
-def test_claims_follow_a_deep_reorganisation(chain: World, tmp_path: Path):
+def test_claims_follow_a_deep_reorganisation(own_chain: World, tmp_path: Path):
     """A record the worker has tracked is removed by a reorg past any confirmation depth: the claim
     scan reads it on chain when due, finds it gone, and forgets it without sending anything."""
+    chain = own_chain  # an anvil of its own: reorganisations and the session chain's revert do not mix
     keys = ["0x" + "b2" * 32]
     pid = _setup(chain, keys)
 

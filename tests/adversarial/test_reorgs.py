@@ -23,6 +23,12 @@ from tests.conftest import World, rpc_sync, slash_now
 from tests.integration.test_status import _setup
 
 
+@pytest.fixture
+def chain(own_chain: World) -> World:
+    """Each test here on an anvil of its own: reorganisations and the session chain's revert do not mix."""
+    return own_chain
+
+
 def head(chain: World) -> int:
     return int(str(rpc_sync(chain.url, "eth_blockNumber")), 16)
 

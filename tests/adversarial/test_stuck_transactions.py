@@ -19,8 +19,9 @@ import trio
 
 from node.chain import NonceTaken, TxTimeout, abi
 from node.chain.fees import bumped_fees
+from node.chain.pending import Pending
 from node.chain.rpc import RpcClient
-from node.chain.tx import Pending, TxSender
+from node.chain.tx import TxSender
 from node.store import Store, settle_journal
 from pool.deploy import TOKEN
 from tests.conftest import World

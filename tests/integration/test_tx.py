@@ -17,8 +17,8 @@ class LosesFirstBroadcastAnswer(RpcClient):
 
     lost = 0
 
-    async def request(self, method, params=None, *, retry=True):
-        result = await super().request(method, params, retry=retry)
+    async def request(self, method, params=None, *, retry=True, expect=None):
+        result = await super().request(method, params, retry=retry, expect=expect)
         if method == "eth_sendRawTransaction" and self.lost == 0:
             self.lost += 1
             raise RpcUnavailable("connection reset (simulated)")
