@@ -124,6 +124,8 @@ RANGE_REFUSAL = ("range", "results", "too large", "too many logs", "response siz
 def endpoint_trouble(method: str, err: RpcError) -> bool:
     """Whether a JSON-RPC error is the endpoint's trouble (retry elsewhere) rather than an answer. Pure."""
     text = str(err).lower()
+    if "revert" in text or (isinstance(err.data, str) and err.data.startswith("0x")):
+        return False  # the contract's answer, whatever words its reason uses
     if method == "eth_getLogs" and any(w in text for w in RANGE_REFUSAL) and "rate" not in text:
         return False
     return err.code in (-32005, -32090) or any(w in text for w in _TROUBLE)
