@@ -20,6 +20,7 @@ from .chain_cmd import audit_cmd, chain_group
 from .contracts_cmd import contracts_group, token_group
 from .daemons import COMMANDS as DAEMON_COMMANDS
 from .devnet_cmd import devnet_cmd
+from .doctor_cmd import doctor_command
 from .keys_cmd import keys_group
 from .model_cmd import eval_cmd, rollout_group, toploc_group
 from .pool_cmd import pool_group
@@ -55,6 +56,7 @@ for _command in (
     eval_cmd,
     devnet_cmd,
     status_command,
+    doctor_command,
     *DAEMON_COMMANDS,
 ):
     cli.add_command(_command)
