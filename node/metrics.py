@@ -75,6 +75,7 @@ class Metrics:
             registry=r,
         )
         self.invalidations = Counter("intellect_invalidations", "Work invalidations sent.", registry=r)
+        self.tasks_issued = Counter("intellect_tasks_issued", "Rollout tasks handed to workers.", registry=r)
         self.trainer_rejected = Counter(
             "intellect_trainer_rejected", "Rollouts the trainer's checks refused to train on.", registry=r
         )

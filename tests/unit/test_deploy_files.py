@@ -53,3 +53,14 @@ def test_systemd_unit_runs_a_real_command(role: str):
     used = [a for a in argv[2:] if a.startswith("--")]
     assert used and set(used) <= known, set(used) - known
     assert "--pool" in used and "--data-dir" in used
+
+
+def test_every_counted_name_is_a_metric():
+    """`_count("name")` is a no-op for a name `Metrics` lacks: every name the daemons count must exist."""
+    root = DEPLOY.parent
+    names = {
+        m for f in [*root.glob("node/**/*.py"), *root.glob("pool/**/*.py")]
+        for m in re.findall(r"_count\(\s*\"([a-z_]+)\"", f.read_text())
+    }  # fmt: skip
+    m = Metrics("x")
+    assert len(names) > 10 and {n for n in names if not hasattr(m, n)} == set()
