@@ -76,10 +76,10 @@ def _full_block(v: Any) -> dict[str, Any] | None:
 async def nonce_user(rpc: RpcClient, address: str, nonce: int, since_block: int) -> str | None:
     """The hash of the transaction of `address` with `nonce` in the chain, found in the block where the
     account's count passed `nonce` (a bisection over blocks from `since_block`, or NONCE_SEARCH_BLOCKS
-    back); None when the chain does not show one: not used yet, or the search cannot tell."""
+    back); "" when the nonce is not used yet; None when the search cannot tell."""
     head = await rpc.block_number()
     if await rpc.nonce(address, head) <= nonce:
-        return None
+        return ""
     lo = max(0, since_block if since_block >= 0 else head - NONCE_SEARCH_BLOCKS)
     if await rpc.nonce(address, lo) > nonce:
         return None  # used before the search window: not something this intent raced with

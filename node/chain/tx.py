@@ -236,7 +236,7 @@ class TxSender:
                 # can tell which. Until it shows another's, the intent waits (`wait_pending` asks again).
                 with contextlib.suppress(RpcError, RpcUnavailable):
                     user = await nonce_user(self.rpc, self.address, p.nonce, p.sent_block)
-                    if user is not None and not p.ours(user):
+                    if user and not p.ours(user):
                         await self._resign_fresh(p)
                 return
             self._inflight.pop(p.nonce, None)
@@ -318,8 +318,7 @@ class TxSender:
                     )
                 if self.journal is not None:
                     self.journal.mined(h, receipt.block_number, receipt.status)
-                if self._inflight.get(p.nonce) is p:
-                    del self._inflight[p.nonce]
+                self._settled(p)
                 return receipt
             now = trio.current_time()
             if mined:
@@ -339,8 +338,7 @@ class TxSender:
                     taken = None  # cannot tell now: ask again at the next round
                 if taken:
                     if not resign or p.tx is None or p.resigned:
-                        if self._inflight.get(p.nonce) is p:
-                            del self._inflight[p.nonce]
+                        self._settled(p)
                         raise NonceTaken(
                             f"{p.what}: nonce {p.nonce} was used by another transaction", p.tx_hash, p.nonce
                         )
@@ -359,6 +357,11 @@ class TxSender:
             await trio.sleep(poll)
             poll = min(poll * 1.5, self.max_poll_interval)
 
+    def _settled(self, p: Pending) -> None:
+        """`p` is mined or dead: its nonce no longer needs re-broadcasting by `_next_nonce`."""
+        if self._inflight.get(p.nonce) is p:
+            del self._inflight[p.nonce]
+
     async def _buried(self, receipt: Receipt) -> bool:
         """Whether `receipt` (just read, so in the node's canonical chain now) has `confirmations`
         blocks on top. Until then the wait goes on; if a reorganisation removes the transaction its
@@ -375,9 +378,7 @@ class TxSender:
         """True when the chain shows another transaction (none of `p`'s signatures) with `p`'s nonce in a
         block; False when it shows none there or ours; None when it cannot tell (not mined yet either)."""
         user = await nonce_user(self.rpc, self.address, p.nonce, p.sent_block)
-        if user is None:
-            return False if await self.rpc.nonce(self.address, "latest") <= p.nonce else None
-        return not p.ours(user)
+        return None if user is None else bool(user) and not p.ours(user)
 
     def _receipt(self, rc: dict[str, Any]) -> Receipt:
         logs = list(rc.get("logs", []))
