@@ -294,6 +294,14 @@ def validate_command(
     show_default=True,
     help="Blacklist a node (no more tasks) after this many of its records were invalidated (0: never).",
 )
+@click.option(
+    "--lapse-limit",
+    type=int,
+    default=2,
+    show_default=True,
+    help="Tasks a node may let expire unsubmitted in 6 h before it waits for new ones (-1: no limit); "
+    "letting tasks lapse is how a worker would pick which tasks' outcomes it submits.",
+)
 @click.option("--train/--no-train", default=False, show_default=True, help="Train the policy with GRPO.")
 @click.option("--train-files", type=int, default=2, show_default=True, help="Rollout files per policy step.")
 @click.option("--lr", type=float, default=2e-4, show_default=True, help="Learning rate (AdamW).")
@@ -337,6 +345,7 @@ def coordinator_command(
     record_every: float,
     eject_after: float,
     blacklist_after: int,
+    lapse_limit: int,
     train: bool,
     train_files: int,
     lr: float,
@@ -374,6 +383,7 @@ def coordinator_command(
         record_every=record_every,
         eject_after=eject_after,
         blacklist_after=blacklist_after,
+        lapse_limit=lapse_limit,
         rpc_wait=rpc_wait,
         train=train,
         train_files=train_files,

@@ -76,6 +76,11 @@ class Metrics:
         )
         self.invalidations = Counter("intellect_invalidations", "Work invalidations sent.", registry=r)
         self.tasks_issued = Counter("intellect_tasks_issued", "Rollout tasks handed to workers.", registry=r)
+        self.tasks_held_back = Counter(
+            "intellect_tasks_held_back",
+            "Task requests answered with a wait because the node let too many tasks lapse unsubmitted.",
+            registry=r,
+        )
         self.trainer_rejected = Counter(
             "intellect_trainer_rejected", "Rollouts the trainer's checks refused to train on.", registry=r
         )

@@ -81,9 +81,11 @@ def _field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], what: 
 @dataclass(frozen=True)
 class Task:
     """One unit of work: `prompts` problems of `env` drawn from `seed` (chosen by the coordinator),
-    `group_size` completions each, with `sampling`. `policy_version` is the coordinator's current
-    version; any version from `min_policy_version` (current minus the pool's async level) up to it is
-    fresh enough, so a worker keeps generating while a newer checkpoint downloads."""
+    `group_size` completions each, with `sampling`, generated with a policy version from
+    `min_policy_version` to `policy_version`. The coordinator binds both to one version: the one the
+    worker named when it asked (it holds it, so it keeps generating while a newer checkpoint downloads)
+    if that is fresh enough, else its current one. Were the task open to several versions, a worker
+    could generate it under each and submit the file it likes best."""
 
     task_id: str
     pool_id: int
@@ -190,6 +192,17 @@ def check_submission(
             False,
             "stale-policy",
             f"policy {h.policy_version}, current {current_policy}, async level {async_level}",
+        )
+    if not task.min_policy_version <= h.policy_version <= task.policy_version:
+        bound = (
+            f"version {task.policy_version}"
+            if task.min_policy_version == task.policy_version
+            else f"versions {task.min_policy_version}..{task.policy_version}"
+        )
+        return Decision(
+            False,
+            "wrong-version",
+            f"generated with policy version {h.policy_version}; task {task.task_id} is bound to {bound}",
         )
     counts: dict[int, int] = {}
     groups: dict[int, tuple[Problem, list[int]]] = {}

@@ -232,7 +232,8 @@ class Worker(JoiningMixin, GenerationMixin, AccusationsMixin):
         while self.cfg.steps <= 0 or self.accepted_count() < self.cfg.steps:
             self.phase = "requesting a task"
             try:
-                reply = await self._request(protocol.TASK_PROTOCOL, {}, "task request")
+                # the version is named before the task's seed is known: the task is bound to it
+                reply = await self._request(protocol.TASK_PROTOCOL, {"version": self.held_version()}, "task request")
             except protocol.ProtocolError as exc:  # refused (not a member yet, say): ask again later
                 self.phase, self.last_error = "task refused; asking again in 30 s", str(exc)
                 log.warning("task request refused (asking again in 30 s): %s", exc)
@@ -240,6 +241,9 @@ class Worker(JoiningMixin, GenerationMixin, AccusationsMixin):
                 continue
             if "task" not in reply:  # the coordinator throttles generation to what its trainer can use
                 self.phase = str(reply.get("reason", "waiting for a task"))[:60]
+                if "lapsed" in reply:  # tasks we let expire unsubmitted (down too long, or too slow for them)
+                    self.last_error = str(reply.get("reason", ""))[:300]
+                    log.warning("no task for now: %s", self.last_error)
                 await trio.sleep(min(30.0, max(0.5, float(reply.get("retry_after", 2.0)))))
                 continue
             task = protocol.Task.from_wire(reply.get("task"))

@@ -233,6 +233,11 @@ class GenerationMixin:
         finally:
             self._downloading.discard(version)
 
+    def held_version(self) -> int:
+        """The newest policy version this worker can generate with without a download (the one it names
+        when it asks for a task; the coordinator binds the task to it if it is fresh enough)."""
+        return max([self.loaded_version, *self.downloaded])
+
     async def ensure_policy(self, task: protocol.Task) -> int:
         """Load the newest checkpoint that is fresh enough for `task` (hot reload, no restart);
         wait (bounded) for a download when the loaded one is too old. Returns the version in use."""

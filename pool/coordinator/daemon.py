@@ -70,6 +70,9 @@ class CoordinatorConfig:
     group_size: int | None = None
     sampling: dict[str, Any] | None = None
     task_ttl: float = 900.0
+    resend_margin: float = 30.0  # an open task with less life left than this is not sent again: a new one is
+    lapse_limit: int = 2  # tasks a node may let expire unsubmitted within lapse_window before new ones wait
+    lapse_window: float = 6 * 3600.0
     invite_ttl: int = 3600
     record_every: float = 2.0
     batch_size: int = 256

@@ -121,8 +121,12 @@ class IntakeMixin:
             return protocol.refuse("the coordinator cannot reach its chain node right now", "retry in a minute")
         if 0 < cfg.blacklist_after <= self.invalidations(sender):
             return protocol.refuse(f"node {sender} had {self.invalidations(sender)} record(s) invalidated in this pool")
+        try:
+            asked = protocol.unpack(request, "task request")
+        except protocol.ProtocolError as exc:
+            return protocol.refuse(str(exc), "send a msgpack map, e.g. {'version': the policy version you hold}")
         now = time.time()
-        row = self.state.open_task(sender, now + 30)
+        row = self.state.open_task(sender, now + cfg.resend_margin)
         if row is not None:
             open_task = protocol.unpack(bytes.fromhex(row["body"]), "task")
             version = int(open_task.get("policy_version", 0))
@@ -138,6 +142,17 @@ class IntakeMixin:
             == "wait"
         ):
             return protocol.ok(retry_after=2.0, reason="waiting for the trainer")
+        lapsed = self.state.lapsed(sender, now - cfg.lapse_window, now)
+        wait = rules.lapse_wait(lapsed, now, cfg.lapse_window, cfg.lapse_limit)
+        if wait > 0:
+            self._count("tasks_held_back")
+            return protocol.ok(
+                retry_after=round(wait, 1),
+                lapsed=len(lapsed),
+                reason=f"{len(lapsed)} of your tasks lapsed unsubmitted in the last {cfg.lapse_window / 3600:g} h "
+                f"(at most {cfg.lapse_limit}): the next one in {wait:.0f} s",
+            )
+        version = rules.bound_version(asked.get("version"), cfg.policy_version, cfg.async_level)
         task = protocol.Task(
             task_id="t-" + secrets.token_hex(8),
             pool_id=cfg.pool_id,
@@ -147,11 +162,11 @@ class IntakeMixin:
             prompts=cfg.prompts,
             group_size=cfg.group_size,
             sampling=dict(cfg.sampling),
-            policy_version=cfg.policy_version,
+            policy_version=version,
             model=cfg.model,
             issued_at=now,
             expires_at=now + cfg.task_ttl,
-            min_policy_version=max(0, cfg.policy_version - cfg.async_level),
+            min_policy_version=version,
         )
         body = protocol.pack(task.to_wire())
         self.state.add_task(task.task_id, sender, body, task.expires_at)

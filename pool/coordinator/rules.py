@@ -34,3 +34,26 @@ def task_to_hand_out(
     if training and backlog >= train_files * (async_level + 1):
         return "wait"
     return "new"
+
+
+def bound_version(named: object, policy: int, async_level: int) -> int:
+    """The one policy version a new task's rollouts must be generated with: the version the worker says
+    it holds (`named`, sent before it knows the task's seed) where that is fresh enough, else the current
+    one. A task open to every fresh version would let a worker generate it under each and keep the file
+    it likes best (exact sampling fixes every token once seed and weights are fixed, so the version is
+    the one choice left)."""
+    if type(named) is int and policy - async_level <= named <= policy:
+        return named
+    return policy
+
+
+def lapse_wait(lapsed_at: Iterable[float], now: float, window: float, limit: int) -> float:
+    """Seconds before a node may be given a new task, from the expiry times of its tasks that lapsed
+    unsubmitted: 0 while at most `limit` of them lapsed within `window`, else until enough have aged out.
+    A worker can only draw a new seed by letting its task lapse, so this bounds how often it can pick
+    which tasks' outcomes it submits (an honest worker lapses a task when it is down longer than a task
+    lives)."""
+    recent = sorted((t for t in lapsed_at if now - window < t <= now), reverse=True)
+    if limit < 0 or len(recent) <= limit:
+        return 0.0
+    return recent[limit] + window - now

@@ -108,6 +108,15 @@ class CoordinatorState:
         )
         return dict(row) if row is not None else None
 
+    def lapsed(self, node: str, since: float, now: float) -> list[float]:
+        """Expiry times of the node's tasks that expired in (since, now] without a submission (a task
+        superseded by the coordinator is not the node's doing and is not counted)."""
+        rows = self.store.query(
+            "SELECT expires_at FROM tasks WHERE node = ? AND status = 'issued' AND expires_at > ? AND expires_at <= ?",
+            (node, since, now),
+        )
+        return [float(r["expires_at"]) for r in rows]
+
     def supersede_task(self, task_id: str) -> None:
         self.store.execute("UPDATE tasks SET status = 'superseded' WHERE task_id = ?", (task_id,))
 

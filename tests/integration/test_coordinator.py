@@ -167,7 +167,7 @@ async def test_an_open_task_is_reissued_until_the_policy_moves_past_it(chain: Wo
             coord.cfg.policy_version = 3  # the task's rollouts would be stale: a fresh task
             second = protocol.Task.from_wire((await ask(protocol.TASK_PROTOCOL, {}))["task"])
             assert second.task_id != first.task_id
-            assert (second.policy_version, second.min_policy_version) == (3, 1)
+            assert (second.policy_version, second.min_policy_version) == (3, 3)  # bound to the current one
             assert protocol.Task.from_wire((await ask(protocol.TASK_PROTOCOL, {}))["task"]) == second
             with pytest.raises(protocol.ProtocolError, match="replaced after the policy moved on"):
                 await ask(protocol.SUBMIT_PROTOCOL, {"work_key": "0x" + "11" * 32, "task_id": first.task_id})

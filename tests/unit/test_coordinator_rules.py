@@ -47,3 +47,24 @@ def test_a_dropped_rollout_keeps_why_when_its_node_is_invalidated(tmp_path) -> N
     st.add_invalidations([("0x99", node, 5)], [])
     notes = {r["work_key"]: r["note"] for r in st.store.query("SELECT work_key, note FROM rollouts")}
     assert notes == {"0x01": "provider's stake is below the minimum", "0x02": "node had work invalidated"}
+
+
+def test_a_task_is_bound_to_the_version_its_worker_holds_when_fresh_enough() -> None:
+    assert rules.bound_version(4, policy=6, async_level=2) == 4
+    assert rules.bound_version(6, policy=6, async_level=2) == 6
+    assert rules.bound_version(3, policy=6, async_level=2) == 6  # too old: the current one
+    assert rules.bound_version(7, policy=6, async_level=2) == 6  # not published yet
+    for junk in (None, "5", 5.0, True, [5]):
+        assert rules.bound_version(junk, policy=6, async_level=2) == 6
+
+
+def test_lapsed_tasks_beyond_the_limit_hold_new_tasks_back() -> None:
+    now = 10_000.0
+    assert rules.lapse_wait([], now, window=3600, limit=2) == 0.0
+    assert rules.lapse_wait([now - 10, now - 20], now, window=3600, limit=2) == 0.0
+    # a third lapse within the hour: wait until the oldest of the three is an hour old
+    assert rules.lapse_wait([now - 10, now - 20, now - 100], now, window=3600, limit=2) == 3500.0
+    # lapses older than the window, or not yet expired, do not count
+    assert rules.lapse_wait([now - 10, now - 20, now - 4000, now + 5], now, window=3600, limit=2) == 0.0
+    assert rules.lapse_wait([now - 1] * 5, now, window=3600, limit=0) == 3599.0
+    assert rules.lapse_wait([now - 1] * 5, now, window=3600, limit=-1) == 0.0  # no limit

@@ -145,6 +145,7 @@ def _reason(d: protocol.Decision) -> str:
         ("model", "wrong-task"),
         ("stale-policy", "stale-policy"),
         ("future-policy", "stale-policy"),
+        ("other-version", "wrong-version"),  # fresh enough, but not the version the task was bound to
         ("temperature", "wrong-sampling"),
         ("max-tokens", "wrong-sampling"),
         ("missing-sampling", "wrong-sampling"),
@@ -192,6 +193,9 @@ def test_each_violation_is_rejected_with_its_reason(case: str, reason: str) -> N
         header = make_header(policy_version=2)  # current 5, async level 2: 3 is the oldest allowed
     elif case == "future-policy":
         header = make_header(policy_version=6)
+    elif case == "other-version":
+        header = make_header(policy_version=4)
+        task = make_task(min_policy_version=5)
     elif case == "temperature":
         header = make_header(sampling={"temperature": 2.0, "top_p": 1.0, "max_tokens": 16})
     elif case == "max-tokens":

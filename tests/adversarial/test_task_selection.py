@@ -1,0 +1,135 @@
+"""Whole-file selection against the real coordinator (anvil with the compiled contracts, libp2p on
+127.0.0.1): a member that generates one task more than once and keeps the file it likes best.
+
+Exact sampling fixes every token of a task once its seed and policy version are fixed, so the freedom
+left to a worker is in the whole file: which allowed policy version to generate with (it could run the
+task under each and submit the best), and which tasks to let lapse so as to draw new seeds. The first is
+closed by binding each task to one version, named before the seed is known; the second is bounded by
+a budget of lapsed tasks per node."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from node import ops, protocol
+from node.p2p.blobs import upload_blob
+from node.p2p.network import PoolNetwork
+from node.p2p.rules import Membership
+from node.rollout.file import work_key
+from pool.coordinator import Coordinator, CoordinatorConfig
+from tests.adversarial.test_coordinator_intake import _file_for
+from tests.conftest import World
+from tests.integration.test_coordinator import _pool_with_two_members
+
+
+def _config(chain: World, pid: int, tmp_path: Path, **kw: Any) -> CoordinatorConfig:
+    return CoordinatorConfig(
+        pool_id=pid, data_dir=tmp_path / "coord", rpc_url=chain.url, deployment=chain.deployment,
+        listen="/ip4/127.0.0.1/tcp/0", eject_after=0, model="tiny", **kw,
+    )  # fmt: skip
+
+
+def _members(pid: int, chain: World) -> Any:
+    return lambda: Membership(
+        pid, chain.coordinator.address, frozenset(), frozenset({chain.node.address, chain.node2.address})
+    )
+
+
+async def test_a_task_is_bound_to_the_one_policy_version_its_worker_named(
+    chain: World, tmp_path: Path, vllm_engine: Any
+) -> None:
+    """Policy 2 with async level 2: versions 0, 1 and 2 are all fresh enough. A worker that names
+    version 1 gets a task bound to 1; the same task's file under version 2 (generated again with the
+    newer weights and kept because it scored better) is refused, the file under version 1 is accepted.
+    A worker naming no version, or one outside the window, is bound to the current version."""
+    pid = await _pool_with_two_members(chain, tmp_path)
+    coord = Coordinator(_config(chain, pid, tmp_path, async_level=2), chain.coordinator)
+    async with trio.open_nursery() as nursery:
+        addrs = await nursery.start(coord.run)
+        coord.cfg.policy_version = 2  # as if two steps were trained (the daemon starts from its state's)
+        peer = str(addrs[0]).rsplit("/p2p/", 1)[1]
+        assert coord.tools is not None
+        async with (
+            PoolNetwork(private_key=bytes(chain.node.key), pool=pid, membership=_members(pid, chain)) as net,
+            PoolNetwork(private_key=bytes(chain.node2.key), pool=pid, membership=_members(pid, chain)) as net2,
+        ):
+            await net.connect(addrs[0])
+            await net2.connect(addrs[0])
+
+            async def ask(n: PoolNetwork, proto: str, body: dict[str, Any]) -> dict[str, Any]:
+                return protocol.unpack(await n.node.request(peer, proto, protocol.pack(body), timeout=30), "reply")
+
+            task = protocol.Task.from_wire((await ask(net, protocol.TASK_PROTOCOL, {"version": 1}))["task"])
+            assert (task.min_policy_version, task.policy_version) == (1, 1)
+            # asking again, naming another version, gives the same task: no second binding to pick from
+            again = protocol.Task.from_wire((await ask(net, protocol.TASK_PROTOCOL, {"version": 2}))["task"])
+            assert again == task
+
+            claim_of = lambda key: ops.rollout_claim(coord.chain, pid, key)  # type: ignore[arg-type]  # noqa: E731
+            newer = _file_for(task, chain.node.address, vllm_engine, coord.tools, version=2)
+            key = work_key(newer)
+            assert await upload_blob(net.node, peer, newer) == key
+            reply = await ask(
+                net, protocol.SUBMIT_PROTOCOL,
+                {"work_key": key, "task_id": task.task_id, "signature": claim_of(key).sign(chain.node)},
+            )  # fmt: skip
+            assert reply["ok"] is False and "version 2" in reply["error"], reply
+            assert coord.rejected["wrong-version"] == 1
+
+            bound = _file_for(task, chain.node.address, vllm_engine, coord.tools, version=1)
+            key = work_key(bound)
+            assert await upload_blob(net.node, peer, bound) == key
+            reply = await ask(
+                net, protocol.SUBMIT_PROTOCOL,
+                {"work_key": key, "task_id": task.task_id, "signature": claim_of(key).sign(chain.node)},
+            )  # fmt: skip
+            assert reply["ok"] is True and reply["status"] == "accepted", reply
+
+            for body in ({}, {"version": 7}, {"version": -1}, {"version": "1"}, {"version": True}):
+                coord.state.store.execute("UPDATE tasks SET status = 'superseded' WHERE node = ?", (
+                    chain.node2.address,))  # fmt: skip
+                t = protocol.Task.from_wire((await ask(net2, protocol.TASK_PROTOCOL, body))["task"])
+                assert (t.min_policy_version, t.policy_version) == (2, 2), body
+        nursery.cancel_scope.cancel()
+
+
+async def test_letting_tasks_lapse_to_draw_new_seeds_is_cut_off(chain: World, tmp_path: Path) -> None:
+    """A worker that dislikes its task's outcome can only get a new seed once the task has (nearly)
+    expired. Each task let lapse unsubmitted counts against its node: past `lapse_limit` lapses within
+    `lapse_window`, it gets no new task (a clear wait, with the time left) while a node that lapses
+    nothing is served as before."""
+    pid = await _pool_with_two_members(chain, tmp_path)
+    cfg = _config(chain, pid, tmp_path, task_ttl=1.5, resend_margin=0.2, lapse_limit=2, lapse_window=600.0)
+    coord = Coordinator(cfg, chain.coordinator)
+    async with trio.open_nursery() as nursery:
+        addrs = await nursery.start(coord.run)
+        peer = str(addrs[0]).rsplit("/p2p/", 1)[1]
+        async with (
+            PoolNetwork(private_key=bytes(chain.node.key), pool=pid, membership=_members(pid, chain)) as net,
+            PoolNetwork(private_key=bytes(chain.node2.key), pool=pid, membership=_members(pid, chain)) as net2,
+        ):
+            await net.connect(addrs[0])
+            await net2.connect(addrs[0])
+
+            async def ask(n: PoolNetwork) -> dict[str, Any]:
+                raw = await n.node.request(peer, protocol.TASK_PROTOCOL, protocol.pack({}), timeout=30)
+                return protocol.reply_body(raw, "task")
+
+            seeds = []
+            for _ in range(3):  # three tasks drawn and let lapse: each a fresh seed to choose from
+                first = await ask(net)
+                assert "task" in first, first
+                assert (await ask(net))["task"] == first["task"]  # asking again within the task's life
+                seeds.append(first["task"]["seed"])
+                await trio.sleep(cfg.task_ttl + 0.1)
+            assert len(set(seeds)) == 3
+            refused = await ask(net)
+            assert "task" not in refused and refused["lapsed"] == 3, refused
+            assert "lapsed" in refused["reason"] and 500 < float(refused["retry_after"]) <= cfg.lapse_window
+            assert "task" in await ask(net2)  # the other node lapsed nothing
+            assert len(coord.state.lapsed(chain.node.address, time.time() - cfg.lapse_window, time.time())) == 3
+        nursery.cancel_scope.cancel()
