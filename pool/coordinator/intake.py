@@ -132,8 +132,9 @@ class IntakeMixin:
             version = int(open_task.get("policy_version", 0))
             if rules.task_to_hand_out(version, cfg.policy_version, cfg.async_level, cfg.train, 0, 1) == "resend":
                 return protocol.ok(task=open_task)
-            # the policy moved on since it was issued (the worker was down): replaced by a fresh one
-            self.state.supersede_task(row["task_id"])
+            # the policy moved on since it was issued (the worker was down, or named an old version): replaced
+            # by a task with the same seed at the current version (waiting for this is no way to a new seed)
+            self.state.supersede_task(row["task_id"], sender, int(open_task.get("seed", 0)))
             log.info("task %s of %s superseded: issued at policy version %s", row["task_id"], sender, version)
         if (
             rules.task_to_hand_out(
@@ -152,13 +153,20 @@ class IntakeMixin:
                 reason=f"{len(lapsed)} of your tasks lapsed unsubmitted in the last {cfg.lapse_window / 3600:g} h "
                 f"(at most {cfg.lapse_limit}): the next one in {wait:.0f} s",
             )
-        version = rules.bound_version(asked.get("version"), cfg.policy_version, cfg.async_level)
+        carried = self.state.carried_seed(sender)
+        if carried is None:
+            seed, version = (
+                self._task_seed(),
+                rules.bound_version(asked.get("version"), cfg.policy_version, cfg.async_level),
+            )
+        else:  # its superseded task's seed: at the current version, so it is not superseded again soon
+            seed, version = carried, cfg.policy_version
         task = protocol.Task(
             task_id="t-" + secrets.token_hex(8),
             pool_id=cfg.pool_id,
             node=sender,
             env=cfg.env,
-            seed=self._task_seed(),
+            seed=seed,
             prompts=cfg.prompts,
             group_size=cfg.group_size,
             sampling=dict(cfg.sampling),
@@ -169,7 +177,7 @@ class IntakeMixin:
             min_policy_version=version,
         )
         body = protocol.pack(task.to_wire())
-        self.state.add_task(task.task_id, sender, body, task.expires_at)
+        self.state.add_task(task.task_id, sender, body, task.expires_at, carried=carried is not None)
         self._count("tasks_issued")
         return protocol.ok(task=task.to_wire())
 

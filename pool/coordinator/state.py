@@ -117,14 +117,29 @@ class CoordinatorState:
         )
         return [float(r["expires_at"]) for r in rows]
 
-    def supersede_task(self, task_id: str) -> None:
-        self.store.execute("UPDATE tasks SET status = 'superseded' WHERE task_id = ?", (task_id,))
+    def supersede_task(self, task_id: str, node: str, seed: int) -> None:
+        """Replace a task the policy moved past; its seed is kept for the node's next task, so waiting
+        for a supersession never draws a new seed (letting a task lapse is the only way, and is counted)."""
+        self.store.execute_many(
+            [
+                ("UPDATE tasks SET status = 'superseded' WHERE task_id = ?", (task_id,)),
+                self.store.put_statement(f"carried-seed:{node.lower()}", str(seed)),
+            ]
+        )
 
-    def add_task(self, task_id: str, node: str, body: bytes, expires_at: float) -> None:
-        self.store.execute(
+    def carried_seed(self, node: str) -> int | None:
+        """The seed of the node's superseded task, until a task with it is issued (`add_task(carried=)`)."""
+        v = self.store.get(f"carried-seed:{node.lower()}")
+        return None if v is None else int(v)
+
+    def add_task(self, task_id: str, node: str, body: bytes, expires_at: float, carried: bool = False) -> None:
+        """A task issued; `carried`: it reuses the seed of the node's superseded task (that seed is used up)."""
+        insert = (
             "INSERT INTO tasks(task_id, node, body, expires_at) VALUES(?, ?, ?, ?)",
             (task_id, node, body.hex(), expires_at),
         )
+        drop = ("DELETE FROM kv WHERE k = ?", (f"carried-seed:{node.lower()}",))
+        self.store.execute_many([insert, drop] if carried else [insert])
 
     def task(self, task_id: str) -> dict[str, Any] | None:
         row = self.store.one("SELECT * FROM tasks WHERE task_id = ?", (task_id,))

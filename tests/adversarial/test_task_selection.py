@@ -133,3 +133,38 @@ async def test_letting_tasks_lapse_to_draw_new_seeds_is_cut_off(chain: World, tm
             assert "task" in await ask(net2)  # the other node lapsed nothing
             assert len(coord.state.lapsed(chain.node.address, time.time() - cfg.lapse_window, time.time())) == 3
         nursery.cancel_scope.cancel()
+
+
+async def test_waiting_for_the_policy_to_move_past_a_task_draws_no_new_seed(chain: World, tmp_path: Path) -> None:
+    """The other way to a new seed: name the oldest fresh version, so the task is soon superseded as
+    the policy moves on, and ask again. The replacement keeps the superseded task's seed and is bound to
+    the current version (it lives the whole async level); supersessions are not counted as lapses."""
+    pid = await _pool_with_two_members(chain, tmp_path)
+    coord = Coordinator(_config(chain, pid, tmp_path, async_level=2), chain.coordinator)
+    async with trio.open_nursery() as nursery:
+        addrs = await nursery.start(coord.run)
+        coord.cfg.policy_version = 2
+        peer = str(addrs[0]).rsplit("/p2p/", 1)[1]
+        async with PoolNetwork(private_key=bytes(chain.node.key), pool=pid, membership=_members(pid, chain)) as net:
+            await net.connect(addrs[0])
+
+            async def ask(version: int) -> protocol.Task:
+                raw = await net.node.request(
+                    peer, protocol.TASK_PROTOCOL, protocol.pack({"version": version}), timeout=30
+                )
+                return protocol.Task.from_wire(protocol.reply_body(raw, "task")["task"])
+
+            first = await ask(0)
+            assert (first.min_policy_version, first.policy_version) == (0, 0)
+            coord.cfg.policy_version = 3  # version 0 is now too old: the task is superseded
+            second = await ask(2)
+            assert second.task_id != first.task_id and second.seed == first.seed
+            assert (second.min_policy_version, second.policy_version) == (3, 3)
+            assert await ask(2) == second
+            coord.cfg.policy_version = 5  # within the async level of the replacement: the same task again
+            assert await ask(5) == second
+            # the superseded task is not the node's lapse, even once its expiry has passed
+            coord.store.execute("UPDATE tasks SET expires_at = ? WHERE task_id = ?", (time.time() - 1, first.task_id))
+            assert coord.state.lapsed(chain.node.address, 0.0, time.time()) == []
+            assert coord.state.carried_seed(chain.node.address) is None
+        nursery.cancel_scope.cancel()
