@@ -21,6 +21,7 @@ from .contracts_cmd import contracts_group, token_group
 from .daemons import COMMANDS as DAEMON_COMMANDS
 from .devnet_cmd import devnet_cmd
 from .doctor_cmd import doctor_command
+from .explorer_cmd import explorer_command
 from .keys_cmd import keys_group
 from .model_cmd import eval_cmd, rollout_group, toploc_group
 from .pool_cmd import pool_group
@@ -57,6 +58,7 @@ for _command in (
     devnet_cmd,
     status_command,
     doctor_command,
+    explorer_command,
     *DAEMON_COMMANDS,
 ):
     cli.add_command(_command)

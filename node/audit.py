@@ -391,6 +391,18 @@ class AuditReport:
         return asdict(self)
 
 
+@dataclass
+class AuditSnapshot:
+    """What one audit read: the report, the rebuilt ledger (every record, with its transactions), the
+    pool's state, its events and its account at `report.block`."""
+
+    report: AuditReport
+    rebuilt: Rebuilt
+    pool: dict[str, Any]
+    events: list[DecodedEvent]
+    account: dict[str, Any]
+
+
 def report(
     rebuilt: Rebuilt,
     pool: dict[str, Any],

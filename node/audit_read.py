@@ -8,7 +8,7 @@ from typing import Any
 
 import trio
 
-from .audit import AuditReport, rebuild, report
+from .audit import AuditReport, AuditSnapshot, rebuild, report
 from .chain.abi import DecodedEvent, topic
 from .chain.client import ChainClient
 from .chain.errors import ChainError
@@ -17,6 +17,13 @@ from .chain.errors import ChainError
 async def audit(c: ChainClient, pool_id: int, node: str | None = None, *, concurrency: int = 16) -> AuditReport:
     """Fetch a snapshot at the latest confirmed block (`c.confirmations` under the head: a shallow
     reorganisation cannot split it), rebuild from events, compare with state."""
+    return (await audit_snapshot(c, pool_id, node, concurrency=concurrency)).report
+
+
+async def audit_snapshot(
+    c: ChainClient, pool_id: int, node: str | None = None, *, concurrency: int = 16
+) -> AuditSnapshot:
+    """`audit`, keeping what it read (the explorer shows the records and events behind the report)."""
     block = max(0, await c.rpc.block_number() - c.confirmations)
     tag = hex(block)
     pool = await c.call("PoolManager", "getPool", pool_id, block=tag)
@@ -61,4 +68,5 @@ async def audit(c: ChainClient, pool_id: int, node: str | None = None, *, concur
             nursery.start_soon(fetch_provider, p)
     account = await c.call("WorkLedger", "poolAccount", pool_id, block=tag)
 
-    return report(rebuilt, pool, block, times[block], record_state, account, provider_state, node)
+    rep = report(rebuilt, pool, block, times[block], record_state, account, provider_state, node)
+    return AuditSnapshot(rep, rebuilt, pool, pool_events, account)

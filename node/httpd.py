@@ -10,6 +10,7 @@ amount of work.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -27,6 +28,13 @@ _BUSY = (
 )
 
 Handler = Callable[[trio.SocketStream], Awaitable[None]]
+#: (method, target) -> the response's h11 events; plain and synchronous (it answers from memory)
+Route = Callable[[bytes, bytes], list[h11.Event]]
+
+MAX_HEAD_BYTES = 8 * 1024
+MAX_BODY_BYTES = 16 * 1024
+CONNECTION_TIMEOUT = 10.0
+MAX_REQUESTS_PER_CONNECTION = 100
 
 
 async def _open_listeners(host: str, port: int) -> tuple[list[trio.SocketListener], int]:
@@ -168,3 +176,70 @@ async def serve(
     finally:
         for listener in listeners:
             await trio.aclose_forcefully(listener)
+
+
+def response(
+    status: int, body: bytes, content_type: str, close: bool = False, headers: list[tuple[str, str]] | None = None
+) -> list[h11.Event]:
+    """A whole response (no caching: every answer is the server's state now)."""
+    hs = [("Content-Type", content_type), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")]
+    hs += headers or []
+    if close:
+        hs.append(("Connection", "close"))
+    return [h11.Response(status_code=status, headers=hs), h11.Data(data=body), h11.EndOfMessage()]
+
+
+def json_response(status: int, data: Any, close: bool = False) -> list[h11.Event]:
+    return response(status, json.dumps(data, sort_keys=True, default=str).encode(), "application/json", close)
+
+
+async def _send(stream: trio.SocketStream, conn: h11.Connection, events: list[h11.Event]) -> None:
+    for ev in events:
+        data = conn.send(ev)
+        if data:
+            await stream.send_all(data)
+
+
+async def serve_routes(
+    stream: trio.SocketStream,
+    route: Route,
+    *,
+    max_head_bytes: int = MAX_HEAD_BYTES,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    timeout: float = CONNECTION_TIMEOUT,
+) -> None:
+    """One connection of a small read-only server: up to `MAX_REQUESTS_PER_CONNECTION` keep-alive requests,
+    each answered by `route`, the whole connection at most `timeout` seconds, heads over `max_head_bytes`
+    and bodies over `max_body_bytes` refused. Closes the stream."""
+    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=max_head_bytes)
+    try:
+        with trio.move_on_after(timeout):
+            for _ in range(MAX_REQUESTS_PER_CONNECTION):
+                try:
+                    ev = await next_event(stream, conn)
+                    if not isinstance(ev, h11.Request):
+                        return  # ConnectionClosed, or a peer that went quiet between requests
+                    body = 0
+                    while True:
+                        part = await next_event(stream, conn)
+                        if isinstance(part, h11.Data):
+                            body += len(part.data)
+                            if body > max_body_bytes:
+                                await _send(stream, conn, json_response(413, {"error": "request body too large"}, True))
+                                return
+                        elif isinstance(part, h11.EndOfMessage):
+                            break
+                        else:
+                            return
+                    await _send(stream, conn, route(ev.method, ev.target))
+                except h11.RemoteProtocolError as exc:
+                    if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                        await _send(stream, conn, json_response(exc.error_status_hint, {"error": "bad request"}, True))
+                    return
+                if conn.our_state is h11.MUST_CLOSE or conn.their_state is not h11.DONE:
+                    return
+                conn.start_next_cycle()
+    except (trio.BrokenResourceError, trio.ClosedResourceError, h11.LocalProtocolError, OSError):
+        pass
+    finally:
+        await trio.aclose_forcefully(stream)

@@ -8,7 +8,6 @@ It serves `GET /metrics` (Prometheus text format) and `GET /status` (JSON from a
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -23,11 +22,9 @@ from . import httpd
 log = logging.getLogger(__name__)
 
 TOKEN = 10**18
-MAX_HEAD_BYTES = 8 * 1024
-MAX_BODY_BYTES = 16 * 1024
+MAX_HEAD_BYTES = httpd.MAX_HEAD_BYTES
 MAX_CONNECTIONS = 64
-CONNECTION_TIMEOUT = 10.0
-MAX_REQUESTS_PER_CONNECTION = 100
+CONNECTION_TIMEOUT = httpd.CONNECTION_TIMEOUT
 
 StatusFn = Callable[[], dict[str, Any]]
 
@@ -135,20 +132,8 @@ class Metrics:
 # ---------------------------------------------------------------------- HTTP
 
 
-def _response(status: int, body: bytes, content_type: str, close: bool) -> list[h11.Event]:
-    headers = [
-        ("Content-Type", content_type),
-        ("Content-Length", str(len(body))),
-        ("Cache-Control", "no-store"),
-    ]
-    if close:
-        headers.append(("Connection", "close"))
-    return [h11.Response(status_code=status, headers=headers), h11.Data(data=body), h11.EndOfMessage()]
-
-
 def _json(status: int, data: Any, close: bool = False) -> list[h11.Event]:
-    body = json.dumps(data, sort_keys=True, default=str).encode()
-    return _response(status, body, "application/json", close)
+    return httpd.json_response(status, data, close)
 
 
 def _route(metrics: Metrics, status_fn: StatusFn | None, method: bytes, target: bytes) -> list[h11.Event]:
@@ -156,7 +141,7 @@ def _route(metrics: Metrics, status_fn: StatusFn | None, method: bytes, target: 
     if method != b"GET":
         return _json(405, {"error": "method not allowed", "allow": "GET"})
     if path == b"/metrics":
-        return _response(200, metrics.render(), CONTENT_TYPE_LATEST, False)
+        return httpd.response(200, metrics.render(), CONTENT_TYPE_LATEST)
     if path == b"/status":
         if status_fn is None:
             return _json(404, {"error": "no status"})
@@ -166,55 +151,6 @@ def _route(metrics: Metrics, status_fn: StatusFn | None, method: bytes, target: 
             log.exception("status callable failed")
             return _json(500, {"error": f"status failed: {type(exc).__name__}"})
     return _json(404, {"error": "not found", "paths": ["/metrics", "/status"]})
-
-
-async def _send(stream: trio.SocketStream, conn: h11.Connection, events: list[h11.Event]) -> None:
-    for ev in events:
-        data = conn.send(ev)
-        if data:
-            await stream.send_all(data)
-
-
-async def _serve_connection(
-    stream: trio.SocketStream,
-    metrics: Metrics,
-    status_fn: StatusFn | None,
-    max_head_bytes: int,
-    timeout: float,
-) -> None:
-    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=max_head_bytes)
-    try:
-        with trio.move_on_after(timeout):
-            for _ in range(MAX_REQUESTS_PER_CONNECTION):
-                try:
-                    ev = await httpd.next_event(stream, conn)
-                    if not isinstance(ev, h11.Request):
-                        return  # ConnectionClosed, or a peer that went quiet between requests
-                    body = 0
-                    while True:
-                        part = await httpd.next_event(stream, conn)
-                        if isinstance(part, h11.Data):
-                            body += len(part.data)
-                            if body > MAX_BODY_BYTES:
-                                await _send(stream, conn, _json(413, {"error": "request body too large"}, True))
-                                return
-                        elif isinstance(part, h11.EndOfMessage):
-                            break
-                        else:
-                            return
-                    await _send(stream, conn, _route(metrics, status_fn, ev.method, ev.target))
-                except h11.RemoteProtocolError as exc:
-                    if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-                        status = exc.error_status_hint
-                        await _send(stream, conn, _json(status, {"error": "bad request"}, True))
-                    return
-                if conn.our_state is h11.MUST_CLOSE or conn.their_state is not h11.DONE:
-                    return
-                conn.start_next_cycle()
-    except (trio.BrokenResourceError, trio.ClosedResourceError, h11.LocalProtocolError, OSError):
-        pass
-    finally:
-        await trio.aclose_forcefully(stream)
 
 
 async def serve_http(
@@ -238,7 +174,9 @@ async def serve_http(
     """
 
     async def handle(stream: trio.SocketStream) -> None:
-        await _serve_connection(stream, metrics, status_fn, max_head_bytes, timeout)
+        await httpd.serve_routes(
+            stream, lambda m, t: _route(metrics, status_fn, m, t), max_head_bytes=max_head_bytes, timeout=timeout
+        )
 
     await httpd.serve(
         host, port, handle, max_connections=max_connections, what="metrics server", task_status=task_status

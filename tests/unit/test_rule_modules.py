@@ -34,6 +34,8 @@ RULE_MODULES = [
     "node/worker/rules.py",
     "pool/coordinator/rules.py",
     "pool/grpo/loss.py",
+    "pool/explorer/view.py",
+    "pool/explorer/render.py",
 ]
 
 # Modules that do I/O, or a concurrency runtime (which exists for I/O).
