@@ -109,7 +109,7 @@ def _record_rows(recs: Sequence[Rec], now: int, pool_id: int) -> list[list[str]]
         if r.dispute:
             state += f"; {r.dispute}: {r.verdict or 'open'}"
         txs = [("recorded", r.recorded_tx)] + ([("settled", r.settled_tx)] if r.settled_tx else [])
-        txs += [("dispute", t) for t in r.dispute_txs]
+        txs += [("dispute", t) for t in dict.fromkeys(r.dispute_txs) if t != r.settled_tx]
         rows.append(
             [
                 raw(code(r.work_key)),
@@ -276,7 +276,7 @@ def _disputes(v: PoolView) -> list[str]:
     for r in v.records:
         if r.status != "invalidated" and not r.dispute:
             continue
-        txs = ([r.settled_tx] if r.settled_tx else []) + list(r.dispute_txs)
+        txs = list(dict.fromkeys(([r.settled_tx] if r.settled_tx else []) + list(r.dispute_txs)))
         what = "soft invalidation" if r.soft else ("slash" if r.status == "invalidated" else "accusation")
         rows.append(
             [
