@@ -19,7 +19,7 @@ from ._common import AMOUNT, Settings, common
 NODE_KEY_ENV = "INTELLECT_NODE_KEY"
 
 
-def _host_port(text: str | None) -> tuple[str, int] | None:
+def host_port(text: str | None) -> tuple[str, int] | None:
     if not text:
         return None
     host, _, port = text.rpartition(":")
@@ -177,14 +177,14 @@ def join_command(
         connect_wait=connect_wait,
         self_check=self_check,
     )
-    relay = _host_port(relay_at)
+    relay = host_port(relay_at)
     if relay is not None:
         cfg.relay_host, cfg.relay_port = relay
     metrics = make_metrics("worker")
     try:
         with fatal_errors():
             worker = Worker(cfg, provider, node, confirm=_confirm, metrics=metrics)
-        run_daemon(worker, metrics, _host_port(metrics_at), "worker", d)
+        run_daemon(worker, metrics, host_port(metrics_at), "worker", d)
     except Declined as exc:
         raise ConfigError(f"not confirmed: {exc}", "pass --yes to skip the question") from None
 
@@ -263,7 +263,7 @@ def validate_command(
     metrics = make_metrics("validator")
     with fatal_errors():
         validator = Validator(cfg, key, metrics)
-    run_daemon(validator, metrics, _host_port(metrics_at), "validator", d)
+    run_daemon(validator, metrics, host_port(metrics_at), "validator", d)
 
 
 @click.command("coordinator")
@@ -302,6 +302,10 @@ def validate_command(
     help="Tasks a node may let expire unsubmitted in 6 h before it waits for new ones (-1: no limit); "
     "letting tasks lapse is how a worker would pick which tasks' outcomes it submits.",
 )
+@click.option(
+    "--explorer", "explorer_at", default="", help="HOST:PORT to serve the pool's explorer web page ('': none)."
+)
+@click.option("--explorer-status", multiple=True, help="A daemon's /status URL the explorer shows live (repeatable).")
 @click.option("--train/--no-train", default=False, show_default=True, help="Train the policy with GRPO.")
 @click.option("--train-files", type=int, default=2, show_default=True, help="Rollout files per policy step.")
 @click.option("--lr", type=float, default=2e-4, show_default=True, help="Learning rate (AdamW).")
@@ -346,6 +350,8 @@ def coordinator_command(
     eject_after: float,
     blacklist_after: int,
     lapse_limit: int,
+    explorer_at: str,
+    explorer_status: tuple[str, ...],
     train: bool,
     train_files: int,
     lr: float,
@@ -393,14 +399,16 @@ def coordinator_command(
         weights_rate=weights_rate,
         keep_checkpoint_seconds=keep_checkpoint_hours * 3600.0,
         seed=seed,
+        explorer=host_port(explorer_at),
+        explorer_status=tuple(explorer_status),
     )
-    weights = _host_port(weights_at)
+    weights = host_port(weights_at)
     if weights is not None:
         cfg.weights_host, cfg.weights_port = weights
     metrics = make_metrics("coordinator")
     with fatal_errors():
         coordinator = Coordinator(cfg, key, metrics)
-    run_daemon(coordinator, metrics, _host_port(metrics_at), "coordinator", d)
+    run_daemon(coordinator, metrics, host_port(metrics_at), "coordinator", d)
 
 
 COMMANDS = [join_command, validate_command, coordinator_command]

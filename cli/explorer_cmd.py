@@ -8,13 +8,7 @@ import trio
 from node.errors import ConfigError
 
 from ._common import Settings, common, run
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"--listen {text!r} is not HOST:PORT", "e.g. --listen 127.0.0.1:8090 (port 0: any free one)")
-    return host.strip("[]"), int(port)
+from .daemons import host_port
 
 
 @click.command("explorer")
@@ -37,7 +31,10 @@ def explorer_command(
     reward per policy version, and live daemons. Read-only; no key is needed."""
     from pool.explorer.server import Explorer, serve_explorer
 
-    host, port = parse_listen(listen)
+    hp = host_port(listen)
+    if hp is None:
+        raise ConfigError("--listen is empty", "pass HOST:PORT, e.g. --listen 127.0.0.1:8090")
+    host, port = hp
     if refresh < 1:
         raise ConfigError(f"--refresh {refresh} is under a second", "pass --refresh 1 or more")
 

@@ -94,6 +94,8 @@ class CoordinatorConfig:
     orphan_after: float = 600.0  # an upload no accepted rollout names is deleted after this long
     thresholds: Calibrated | None = None  # --thresholds, loaded, for the trainer's checks (None: the spec model's)
     seed: int | None = None  # fixed task seeds (reproducible experiments); None: unpredictable
+    explorer: tuple[str, int] | None = None  # serve the pool's explorer here (`pool.explorer`)
+    explorer_status: tuple[str, ...] = ()  # other daemons' /status pages it shows live
 
 
 class Coordinator(IntakeMixin, LedgerMixin, NetworkMixin, TrainingMixin):
@@ -125,6 +127,7 @@ class Coordinator(IntakeMixin, LedgerMixin, NetworkMixin, TrainingMixin):
         self.trainer: Any = None
         self.weights = WeightStore(cfg.data_dir / "weights", keep=cfg.keep_checkpoints)
         self.origin_url: str | None = None
+        self.explorer_url: str | None = None
         self.relays = RelayBook()
         self._announce_now = trio.Event()
         self.outsiders: dict[str, float] = {}
@@ -152,8 +155,25 @@ class Coordinator(IntakeMixin, LedgerMixin, NetworkMixin, TrainingMixin):
             "txs": self.store.journal.counts(),
             "rpc": self.chain.rpc.health() if self.chain is not None else [],
             "gossip_rejected": {str(k): v for k, v in self.net.rejected.items()} if self.net else {},
+            "explorer": self.explorer_url,
             "last_error": self.last_error,
         }
+
+    async def _start_explorer(self, nursery: trio.Nursery) -> None:
+        from pool.explorer.server import Explorer, serve_explorer
+
+        assert self.chain is not None and self.cfg.explorer is not None
+        ex = Explorer(
+            self.chain,
+            pools=(self.cfg.pool_id,),
+            status_urls=self.cfg.explorer_status,
+            status_fns=(self.status,),
+            refresh=5.0,
+        )
+        host, port = self.cfg.explorer
+        bound = await nursery.start(serve_explorer, ex, host, port)
+        self.explorer_url = f"http://{host}:{bound}/pool/{self.cfg.pool_id}"
+        log.info("pool explorer at %s", self.explorer_url)
 
     def _count(self, name: str, value: float = 1.0, **labels: str) -> None:
         count(self.metrics, name, value, **labels)
@@ -183,6 +203,8 @@ class Coordinator(IntakeMixin, LedgerMixin, NetworkMixin, TrainingMixin):
             self.membership = ChainMembership(self.chain, cfg.pool_id, interval=1.0)
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.membership.run)
+                if cfg.explorer is not None:
+                    await self._start_explorer(nursery)
                 if cfg.train:
                     port = await nursery.start(
                         functools.partial(

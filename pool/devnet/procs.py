@@ -33,6 +33,7 @@ class Proc:
     popen: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     status: dict[str, Any] = field(default_factory=dict)
+    explorer: str = ""  # the coordinator's: the URL of the pool's explorer
 
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -130,6 +131,11 @@ def make_procs(opts: DevnetOptions, url: str, roles: Roles, pool_id: int, coord_
             args += ["--relay", f"127.0.0.1:{free_port()}"]  # the first worker also relays checkpoints
         name = f"worker{i + 1}" if cheat is None else "cheater" if len(cheats) == 1 else f"cheater-{cheat}"
         add(name, "worker", args, provider, node)
+    coord = procs[0]  # the pool's explorer, with every other role's status page live
+    coord.explorer = f"http://127.0.0.1:{free_port()}/pool/{pool_id}"
+    coord.argv += ["--explorer", coord.explorer.split("/")[2]]
+    for p in procs[1:]:
+        coord.argv += ["--explorer-status", f"http://127.0.0.1:{p.http_port}/status"]
     return procs
 
 

@@ -122,6 +122,7 @@ def build_report(opts: DevnetOptions, roles: Roles, pool_id: int, procs: list[Pr
             "relays_refused": coord.status.get("relays_refused", {}),
         },
         "audit": {
+            "block": rep.block,
             "consistent": rep.consistent,
             "mismatches": rep.mismatches,
             "totals": rep.totals,
@@ -133,6 +134,9 @@ def build_report(opts: DevnetOptions, roles: Roles, pool_id: int, procs: list[Pr
 def check_outcome(report: dict[str, Any]) -> list[str]:
     """What went wrong, if anything: honest work claimed, cheating invalidated and slashed, audit clean."""
     problems = []
+    ex = report.get("explorer")
+    if ex is not None and not ex.get("matches_audit"):
+        problems.append(f"the explorer at {ex.get('url')} (block {ex.get('block')}) does not show the audit's figures")
     for name, n in report["nodes"].items():
         if n["cheater"]:
             if n["rollouts_invalidated"] == 0 or n["slashed_tokens"] == 0:
@@ -224,6 +228,10 @@ def print_summary(report: dict[str, Any], say: Any) -> None:
         )
     a = report["audit"]
     say(f"  audit: {'consistent' if a['consistent'] else 'MISMATCHES: ' + '; '.join(a['mismatches'][:3])}")
+    ex = report.get("explorer")
+    if ex:
+        agrees = "shows the audit's figures" if ex.get("matches_audit") else "does NOT show the audit's figures"
+        say(f"  explorer: {ex['url']} {agrees} (served by the coordinator while the devnet ran)")
     if report["problems"]:
         say("  PROBLEMS: " + "; ".join(report["problems"]))
     else:

@@ -121,6 +121,7 @@ async def orchestrate(
                     await wait_until(lambda: True, "workers claiming final rewards")
                     await trio.sleep(1.0)
                 report = await audit(reader, pool_id)
+                explorer = await explorer_agrees(client, procs[0].explorer, pool_id, report)
                 bond = int((await reader.call("PoolManager", "disputeTerms", pool_id))["bond"])
                 disputes = dispute_summary(report.nodes, bond, roles)
             finally:
@@ -128,7 +129,25 @@ async def orchestrate(
     finally:
         if view is not None:
             view.stop()
-    return build_report(opts, roles, pool_id, procs, report) | {"disputes": disputes}
+    return build_report(opts, roles, pool_id, procs, report) | {"disputes": disputes, "explorer": explorer}
+
+
+async def explorer_agrees(client: httpx.AsyncClient, url: str, pool_id: int, report: Any) -> dict[str, Any]:
+    """The coordinator's explorer, once it has read the chain at the audit's block or later: whether its
+    totals and per-node ledgers are the audit's."""
+    api = url.split("/pool/")[0] + f"/api/pool/{pool_id}"
+    seen: dict[str, Any] = {}
+    with trio.move_on_after(30):
+        while True:
+            try:
+                seen = (await client.get(api, timeout=5)).json().get("audit") or {}
+            except (httpx.HTTPError, ValueError):
+                seen = {}
+            if int(seen.get("block", -1)) >= report.block:
+                break
+            await trio.sleep(1.0)
+    same = seen.get("totals") == report.totals and seen.get("nodes") == report.nodes
+    return {"url": url, "block": seen.get("block"), "matches_audit": bool(seen) and same}
 
 
 #: Seconds an accusation is given for its provider's worker to appeal before the chain is fast-forwarded
@@ -160,6 +179,7 @@ def run_devnet(opts: DevnetOptions) -> dict[str, Any]:
         else:
             procs = make_procs(opts, anvil.url, roles, pool_id, coord_port)
             say(f"starting {', '.join(p.name for p in procs)} (logs in {opts.workdir}/<name>.log)")
+            say(f"the pool's explorer: {procs[0].explorer} (while the devnet runs)")
             try:
                 for p in procs:
                     p.start()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -45,6 +45,7 @@ class Explorer:
     chain: ChainClient
     pools: Sequence[int] = ()  # empty: every pool of the deployment (the newest MAX_POOLS)
     status_urls: Sequence[str] = ()
+    status_fns: Sequence[Callable[[], dict[str, Any]]] = ()  # status of daemons in this process
     refresh: float = 10.0
     index: list[dict[str, Any]] = field(default_factory=list)
     views: dict[int, view.PoolView] = field(default_factory=dict)
@@ -126,6 +127,11 @@ class Explorer:
     async def live_loop(self, client: httpx.AsyncClient) -> None:
         while True:
             found = []
+            for fn in self.status_fns:
+                try:
+                    found.append({"url": "(this process)"} | fn())
+                except Exception as exc:  # a daemon's own callable: shown, never fatal
+                    found.append({"url": "(this process)", "error": f"{type(exc).__name__}: {exc}"[:200]})
             for url in self.status_urls:
                 found.append({"url": url} | await fetch_status(client, url))
             self.live = found

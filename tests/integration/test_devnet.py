@@ -36,6 +36,8 @@ def test_devnet_with_adversary_end_to_end(tmp_path: Path) -> None:
     assert report["ok"] and report["problems"] == []
     nodes = report["nodes"]
     assert set(nodes) == {"worker1", "worker2", "cheater"}
+    # the coordinator served the pool's explorer, and it showed what the audit found
+    assert report["explorer"]["matches_audit"] and report["explorer"]["block"] >= report["audit"]["block"]
     for name in ("worker1", "worker2"):
         n = nodes[name]
         # honest: every accepted rollout recorded, verified, final and claimed at the pool's rate
