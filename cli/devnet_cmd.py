@@ -35,7 +35,13 @@ import click
 @click.option("--train-files", type=int, default=2, show_default=True, help="Rollout files per policy step.")
 @click.option("--seed", type=int, help="Fixed task seeds: the same problems in the same order on every run.")
 @click.option("--workers", type=click.IntRange(1, 2), default=2, show_default=True, help="Honest workers.")
-@click.option("--adversary", is_flag=True, help="Add an adversary (a cheating worker by default) and two jurors.")
+@click.option(
+    "--adversary/--honest",
+    default=True,
+    show_default=True,
+    help="An adversary (a cheating worker by default) and two jurors beside the honest roles, so the run shows "
+    "cheating caught and slashed; --honest runs honest roles only.",
+)
 @click.option(
     "--adversary-kind",
     type=click.Choice(["model", "temperature", "duplicate", "poison", "lying-validator"]),

@@ -59,7 +59,7 @@ def test_devnet_reward_rises_over_a_short_run(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("INTELLECT_")}
     started = time.monotonic()
     p = subprocess.run(
-        [sys.executable, "-m", "cli.main", "devnet", "--model", "tiny", "--steps", str(STEPS), "--seed", "0",
+        [sys.executable, "-m", "cli.main", "devnet", "--model", "tiny", "--honest", "--steps", str(STEPS), "--seed", "0",
          "--train", "--eval", str(EVAL_PROBLEMS), "--report", str(report_path), "--dir", str(tmp_path / "dn"),
          "--timeout", "900"],
         capture_output=True, text=True, timeout=1200, env=env, cwd=str(ROOT),
