@@ -121,7 +121,8 @@ class Worker(JoiningMixin, GenerationMixin, AccusationsMixin):
         self.book = PolicyBook()
         self._checker: PoolFileCheck | None = None
         self.self_checked = 0  # rollouts `guard` ran the validators' checks on
-        self.spec: Any = None  # the pool's task spec (`off_spec`), read on the first task
+        self.spec: Any = None  # the pool's task spec (`off_spec`), read at start or on the first task
+        self._engine_lock = trio.Lock()
         self.envs: dict[str, Any] = {}  # environments by name, prepared (`GenerationMixin.environment`)
         self.loaded_version = 0
         self.downloaded: dict[int, Path] = {}
@@ -175,10 +176,11 @@ class Worker(JoiningMixin, GenerationMixin, AccusationsMixin):
                     f"pool {cfg.pool_id} is {info['statusName']}, not active",
                     "wait for the pool owner to start it, or pick another pool",
                 )
-            await self.ensure_stake(info)
-            await self.ensure_node_bound()
-            bootstrap, self.coordinator_peer = pool_peers(cfg.bootstrap, info)
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.prepare_engine, info)  # overlaps the steps below
+                await self.ensure_stake(info)
+                await self.ensure_node_bound()
+                bootstrap, self.coordinator_peer = pool_peers(cfg.bootstrap, info)
                 _, self.net = await open_pool_network(
                     nursery, self.chain, cfg.pool_id, bytes(self.node.key), cfg.listen, bootstrap
                 )

@@ -57,21 +57,40 @@ class GenerationMixin:
         self.engine_model = model
         self.tools = tools
 
+    async def load_engine(self, pool_model: str) -> None:
+        """The engine for `pool_model`, loaded once (a second caller waits for the first's load)."""
+        model, noise = pool_model, 0.0
+        if self.cfg.cheat == "model":
+            # another model's weights: the tiny model with another seed, else the pool's model with
+            # 5 % multiplicative noise on every weight (same tokenizer, so the prompts still match)
+            if pool_model == "tiny":
+                model = "tiny:1"
+            else:
+                noise = 0.05
+        async with self._engine_lock:
+            if self.engine is None or self.engine_model != model:
+                self.phase = f"loading model {model}"
+                await trio.to_thread.run_sync(self._load_engine, model, noise)
+
+    async def prepare_engine(self, info: dict[str, Any]) -> None:
+        """Load the engine for the pool's model while the worker stakes, binds its node and reaches the
+        coordinator (each of those waits on the chain or the network; the load on the CPU or GPU)."""
+        from ..taskspec import TaskSpecError, pool_spec
+
+        try:
+            self.spec = self.spec or await pool_spec(info)
+        except TaskSpecError as exc:  # the first task says which model; its check logs why
+            log.info("engine not preloaded: %s", exc)
+            return
+        started = trio.current_time()
+        await self.load_engine(self.spec.model)
+        log.info("engine for %s ready in %.1f s", self.spec.model, trio.current_time() - started)
+
     async def generate(self, task: protocol.Task) -> bytes:
         from ..inference.engine import SamplingSpec
         from ..rollout.build import build_rollout_file
 
-        model, noise = task.model, 0.0
-        if self.cfg.cheat == "model":
-            # another model's weights: the tiny model with another seed, else the pool's model with
-            # 5 % multiplicative noise on every weight (same tokenizer, so the prompts still match)
-            if task.model == "tiny":
-                model = "tiny:1"
-            else:
-                noise = 0.05
-        if self.engine is None or self.engine_model != model:
-            self.phase = f"loading model {model}"
-            await trio.to_thread.run_sync(self._load_engine, model, noise)
+        await self.load_engine(task.model)
         version = await self.ensure_policy(task)
         assert self.tools is not None
         tools, env = self.tools, await self.environment(task.env)
