@@ -109,6 +109,10 @@ class Explorer:
                 self.errors["index"] = str(exc)
                 log.warning("cannot read the pools: %s", exc)
                 wanted = []
+            except Exception as exc:  # never the death of the daemon it may run in (the coordinator)
+                self.errors["index"] = f"internal error: {type(exc).__name__}"
+                log.exception("reading the pools failed")
+                wanted = []
             for pid in wanted:
                 if trio.current_time() < due.get(pid, 0.0):
                     continue
@@ -119,6 +123,9 @@ class Explorer:
                 except ChainError as exc:
                     self.errors[f"pool {pid}"] = str(exc)
                     log.warning("cannot read pool %d: %s", pid, exc)
+                except Exception as exc:  # as above: shown on the page, logged, retried next round
+                    self.errors[f"pool {pid}"] = f"internal error: {type(exc).__name__}"
+                    log.exception("reading pool %d failed", pid)
                 took = trio.current_time() - t0
                 due[pid] = trio.current_time() + max(self.refresh, 2 * took) - self.refresh
             self.ready.set()
@@ -158,6 +165,9 @@ class Explorer:
             return self._route(target.decode("ascii"))
         except (UnicodeDecodeError, ValueError):
             return httpd.json_response(400, {"error": "bad request target"})
+        except Exception as exc:  # a page that cannot be drawn is that page's failure, never the server's
+            log.exception("explorer page %r failed", target[:200])
+            return httpd.json_response(500, {"error": f"page failed: {type(exc).__name__}"})
 
     def _route(self, target: str) -> list[h11.Event]:
         url = urlsplit(target)
