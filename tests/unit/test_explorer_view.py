@@ -61,3 +61,25 @@ def test_records_are_shown_newest_first_a_page_at_a_time() -> None:
     recs = [Rec(f"0xk{i:04d}", "0xn", "0xp", 1, 0, "0x", 2000, "0xt") for i in range(250)][::-1]
     p3 = pool_page(_view(recs), page_no=3)
     assert "0xk0049" in p3 and "0xk0050" not in p3 and "0xk0000" in p3
+
+
+def test_a_page_that_cannot_be_drawn_is_a_500_not_a_dead_server() -> None:
+    from types import SimpleNamespace
+
+    import h11
+
+    from pool.explorer.server import Explorer
+
+    ex = Explorer(SimpleNamespace(deployment=SimpleNamespace(block=0)))  # type: ignore[arg-type]
+    broken = _view([])
+    broken.params = {}  # e.g. a pool record of a contract version this explorer does not know
+    ex.views[1] = broken
+    ex.ready.set()
+
+    def status(target: bytes) -> int:
+        return next(ev.status_code for ev in ex.route(b"GET", target) if isinstance(ev, h11.Response))
+
+    assert status(b"/pool/1") == 500
+    assert status(b"/pool/1/node/0xn") == 200  # the node page needs no parameters
+    assert status(b"/pool/2") == 404 and status(b"/\xff") == 400
+    assert next(ev.status_code for ev in ex.route(b"POST", b"/") if isinstance(ev, h11.Response)) == 405
