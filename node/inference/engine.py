@@ -24,9 +24,11 @@ must apply the temperature themselves).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -89,15 +91,64 @@ def _configure_vllm_env(gpu: bool) -> None:
 # --- functions run inside the vLLM worker via collective_rpc (module level: picklable by reference) ---
 
 
+# LLMs open in this process. vLLM 0.32's in-process engine core (CPU: VLLM_ENABLE_V1_MULTIPROCESSING=0)
+# tears down the process-wide distributed state (`cleanup_dist_env_and_memory`: the model-parallel
+# groups every in-process engine's forward pass reads) when it shuts down, so closing one LLM broke
+# every other LLM still open in the process ("pipeline model parallel group is not initialized").
+_open_llms: list[int] = [0]
+_open_lock = threading.Lock()
+
+
+def _open_llm(**kwargs: Any) -> LLM:
+    """`vllm.LLM(**kwargs)`, counted open until `_shutdown_llm`."""
+    from vllm import LLM
+
+    llm = LLM(**kwargs)
+    with _open_lock:
+        _open_llms[0] += 1
+    return llm
+
+
+@contextlib.contextmanager
+def _keep_distributed_state(keep: bool) -> Iterator[None]:
+    """While `keep`, an in-process engine core's shutdown frees memory but leaves the process-wide
+    distributed state to the LLMs still open (the one place vLLM 0.32's `EngineCore.shutdown` is
+    patched; a vLLM without that name is left alone)."""
+    import vllm.v1.engine.core as core_mod
+
+    original = getattr(core_mod, "cleanup_dist_env_and_memory", None)
+    if not keep or original is None:
+        yield
+        return
+
+    def free_memory_only(*_: Any, **__: Any) -> None:
+        import gc
+
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    core_mod.cleanup_dist_env_and_memory = free_memory_only  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        core_mod.cleanup_dist_env_and_memory = original  # type: ignore[attr-defined]
+
+
 def _shutdown_llm(llm: LLM, gpu: bool) -> None:
-    """Stop an `LLM`'s engine core (its worker processes, with multiprocessing) and drop its memory."""
+    """Stop an `LLM`'s engine core (its worker processes, with multiprocessing) and drop its memory;
+    the process's distributed state stays while other LLMs are open here."""
     import gc
 
+    with _open_lock:
+        _open_llms[0] = max(0, _open_llms[0] - 1)
+        others = _open_llms[0] > 0
     core = getattr(llm.llm_engine, "engine_core", None)
     shutdown = getattr(core, "shutdown", None)
     try:
         if callable(shutdown):
-            shutdown()
+            with _keep_distributed_state(others):
+                shutdown()
     finally:
         del llm, core
         gc.collect()
@@ -144,8 +195,6 @@ class VllmEngine:
             # one OpenMP thread per core. Each op then waits for its slowest thread: with anything else
             # busy on one of 2 cores, decoding ran 10-20x slower (tiny: 12 vs 226 tok/s). Set it first.
             torch.set_num_threads(cpu_threads)
-        from vllm import LLM  # after the environment is set
-
         self.model_dir = Path(model_dir)
         self.dtype = dtype
         self.cpu_threads = cpu_threads
@@ -170,7 +219,7 @@ class VllmEngine:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         if max_num_seqs is not None:
             kwargs["max_num_seqs"] = max_num_seqs
-        self._llm: LLM | None = LLM(**kwargs)
+        self._llm: LLM | None = _open_llm(**kwargs)  # after the environment is set
         model_config = self._llm.llm_engine.model_config
         self.hidden_size: int = int(model_config.get_hidden_size())
         self.vocab_size: int = int(model_config.get_vocab_size())
@@ -375,10 +424,9 @@ class VllmPrefill:
         _configure_vllm_env(self.gpu)
         if not self.gpu and cpu_threads is not None:
             torch.set_num_threads(cpu_threads)  # see VllmEngine
-        from vllm import LLM
         from vllm.config import PoolerConfig
 
-        self._llm: LLM | None = LLM(
+        self._llm: LLM | None = _open_llm(
             model=str(model_dir),
             runner="pooling",
             convert="embed",

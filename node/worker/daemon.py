@@ -176,9 +176,9 @@ class Worker(JoiningMixin, GenerationMixin, AccusationsMixin):
                     f"pool {cfg.pool_id} is {info['statusName']}, not active",
                     "wait for the pool owner to start it, or pick another pool",
                 )
+            await self.ensure_stake(info)  # a provider short of stake hears so before any engine load
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.prepare_engine, info)  # overlaps the steps below
-                await self.ensure_stake(info)
                 await self.ensure_node_bound()
                 bootstrap, self.coordinator_peer = pool_peers(cfg.bootstrap, info)
                 _, self.net = await open_pool_network(

@@ -301,6 +301,20 @@ def test_reload_weights_changes_and_restores(
     assert reload_s < 5
 
 
+def test_closing_a_second_engine_leaves_the_first_working(
+    vllm_engine: VllmEngine, tiny_model_other: Path, prompts: list[list[int]]
+) -> None:
+    """Two in-process engines share vLLM's process-wide parallel state: closing one (a worker whose
+    `join` failed after it had preloaded its engine, in a test that runs the command in-process) must
+    not tear that state down under the other."""
+    spec = SamplingSpec(temperature=1.0, top_p=1.0, max_tokens=8, seed=3)
+    before = vllm_engine.generate(prompts[:2], spec)
+    with VllmEngine(tiny_model_other, dtype="float32", seed=0, max_model_len=256) as other:
+        assert len(other.generate(prompts[:1], spec)[0][0].tokens) > 0
+    after = vllm_engine.generate(prompts[:2], spec)  # raised "pipeline model parallel group is not initialized"
+    assert [r[0].tokens for r in after] == [r[0].tokens for r in before]
+
+
 def test_vllm_pooling_prefill_matches(
     vllm_engine: VllmEngine, tiny_model: Path, prompts: list[list[int]], tmp_path: Path
 ) -> None:
