@@ -115,17 +115,23 @@ class Store:
             raise StoreError(f"writing {self.path} failed: {exc} (is the disk full?)") from exc
         return cur.rowcount
 
-    def execute_many(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> None:
-        """Several statements as one atomic transaction."""
+    def execute_many(self, statements: Iterable[tuple[str, Sequence[Any]]], guarded: bool = False) -> bool:
+        """Several statements as one atomic transaction. `guarded`: the first statement is a condition
+        (an UPDATE ... WHERE the row is still in the state the caller read): when it changes no row,
+        nothing is written and the answer is False."""
         try:
             self.db.execute("BEGIN IMMEDIATE")
             try:
-                for sql, params in statements:
-                    self.db.execute(sql, tuple(params))
+                for i, (sql, params) in enumerate(statements):
+                    changed = self.db.execute(sql, tuple(params)).rowcount
+                    if guarded and i == 0 and changed == 0:
+                        self.db.execute("ROLLBACK")
+                        return False
             except BaseException:
                 self.db.execute("ROLLBACK")
                 raise
             self.db.execute("COMMIT")
+            return True
         except sqlite3.OperationalError as exc:
             raise StoreError(f"writing {self.path} failed: {exc} (is the disk full?)") from exc
 

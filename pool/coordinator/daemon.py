@@ -232,6 +232,8 @@ class Coordinator(IntakeMixin, LedgerMixin, NetworkMixin, TrainingMixin):
                     self.net.node.set_handler(protocol.TASK_PROTOCOL, self._on_task)
                     self.net.node.set_handler(protocol.SUBMIT_PROTOCOL, self._on_submit, timeout=60.0)
                     self.net.node.set_handler(protocol.SIGNATURE_PROTOCOL, self._on_signature)
+                    self.note_downtime(time.time())
+                    nursery.start_soon(self.alive_loop)
                     nursery.start_soon(self._record_loop)
                     nursery.start_soon(self._heartbeat_loop)
                     nursery.start_soon(self._evidence_loop)

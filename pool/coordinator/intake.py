@@ -30,6 +30,8 @@ REJECTION_DETAIL = 300  # characters of a refusal's detail kept (and sent back)
 MAX_REJECTIONS = 10_000  # newest refusals kept in the state file
 REJECTION_LOG_EVERY = 10.0  # seconds between log lines about one sender's refusals
 OUTSIDER_COOLDOWN = 10.0  # seconds between chain reads (and invites) for one sender that is no member
+ALIVE_EVERY = 30.0  # seconds between the coordinator's "alive" marks in its state
+ALIVE_GRACE = 60.0  # after a restart, seconds in which an expiring task is still the outage's, not its node's
 
 
 class IntakeMixin:
@@ -37,6 +39,22 @@ class IntakeMixin:
 
     cfg: Any
     store: Any
+
+    def note_downtime(self, now: float) -> None:
+        """At start: the time since this coordinator was last seen alive (`alive_loop`) was an outage, and
+        tasks whose life overlapped it (until `ALIVE_GRACE` after the restart, while workers reconnect)
+        are no node's lapse."""
+        last = self.store.get("alive_at")
+        new = (float(last), now + ALIVE_GRACE) if last is not None else None
+        spans = rules.recent_downtimes(self.state.downtimes(), now - self.cfg.lapse_window, new)
+        self.state.keep_downtimes(spans)
+        self.store.put("alive_at", str(now))
+
+    async def alive_loop(self) -> None:
+        """Mark this coordinator alive every `ALIVE_EVERY` seconds (what `note_downtime` reads)."""
+        while True:
+            await trio.sleep(ALIVE_EVERY)
+            self.store.put("alive_at", str(time.time()))
 
     async def _on_invite(self, request: bytes, sender: str) -> bytes:
         """An invite (or the reason there is none). The one request outsiders may make, so its answer is
@@ -133,17 +151,12 @@ class IntakeMixin:
             if rules.task_to_hand_out(version, cfg.policy_version, cfg.async_level, cfg.train, 0, 1) == "resend":
                 return protocol.ok(task=open_task)
             # the policy moved on since it was issued (the worker was down, or named an old version): replaced
-            # by a task with the same seed at the current version (waiting for this is no way to a new seed)
-            self.state.supersede_task(row["task_id"], sender, int(open_task.get("seed", 0)))
+            # by a task with the same seed at the current version (waiting for this is no way to a new seed,
+            # only to the same seed under newer weights: counted as a lapse)
+            self.state.supersede_task(row["task_id"], sender, int(open_task.get("seed", 0)), now)
             log.info("task %s of %s superseded: issued at policy version %s", row["task_id"], sender, version)
-        if (
-            rules.task_to_hand_out(
-                None, cfg.policy_version, cfg.async_level, cfg.train, self.backlog(now), cfg.train_files
-            )
-            == "wait"
-        ):
-            return protocol.ok(retry_after=2.0, reason="waiting for the trainer")
-        lapsed = self.state.lapsed(sender, now - cfg.lapse_window, now)
+        lives = self.state.lapsed(sender, now - cfg.lapse_window, now, now + cfg.resend_margin)
+        lapsed = rules.counted_lapses(lives, self.state.downtimes())
         wait = rules.lapse_wait(lapsed, now, cfg.lapse_window, cfg.lapse_limit)
         if wait > 0:
             self._count("tasks_held_back")
@@ -155,11 +168,20 @@ class IntakeMixin:
             )
         carried = self.state.carried_seed(sender)
         if carried is None:
-            seed, version = (
-                self._task_seed(),
-                rules.bound_version(asked.get("version"), cfg.policy_version, cfg.async_level),
+            if (
+                rules.task_to_hand_out(
+                    None, cfg.policy_version, cfg.async_level, cfg.train, self.backlog(now), cfg.train_files
+                )
+                == "wait"
+            ):
+                return protocol.ok(retry_after=2.0, reason="waiting for the trainer")
+            seed = self._task_seed()
+            version = rules.bound_version(
+                asked.get("version"), cfg.policy_version, cfg.async_level, seeded=cfg.seed is not None
             )
-        else:  # its superseded task's seed: at the current version, so it is not superseded again soon
+        else:
+            # its superseded task's seed, at once (a replacement, not more work for the trainer: a wait here
+            # would let the worker pick the version it is bound to by when it asks), at the current version
             seed, version = carried, cfg.policy_version
         task = protocol.Task(
             task_id="t-" + secrets.token_hex(8),
@@ -298,7 +320,12 @@ class IntakeMixin:
             return self._reject(sender, decision.reason, decision.detail)
         commitment = "0x" + proof_commitment([p for s in f.samples for p in s.proofs]).hex()
         mean_reward = sum(s.reward for s in f.samples) / len(f.samples)
-        self.state.accept(key, task_id, sender, f, commitment, mean_reward, signature)
+        if not self.state.accept(key, task_id, sender, f, commitment, mean_reward, signature):
+            # another submission for this task was accepted (or the task superseded) while this one was checked
+            now_row = self.state.task(task_id) or {}
+            if now_row.get("work_key") != key:
+                self.blobs.delete(key)
+            return self._reject(sender, "task-done", f"task {task_id} was closed while this submission was checked")
         self._count("rollouts_accepted")
         self._count("tokens_generated", f.units)
         log.info("accepted rollout %s from %s: %d units, mean reward %.3f", key[:12], sender, f.units, mean_reward)

@@ -36,24 +36,52 @@ def task_to_hand_out(
     return "new"
 
 
-def bound_version(named: object, policy: int, async_level: int) -> int:
+def bound_version(named: object, policy: int, async_level: int, seeded: bool = False) -> int:
     """The one policy version a new task's rollouts must be generated with: the version the worker says
     it holds (`named`, sent before it knows the task's seed) where that is fresh enough, else the current
     one. A task open to every fresh version would let a worker generate it under each and keep the file
     it likes best (exact sampling fixes every token once seed and weights are fixed, so the version is
-    the one choice left)."""
-    if type(named) is int and policy - async_level <= named <= policy:
+    the one choice left). In a `seeded` pool the next task's seed is known in advance (the pool's seed
+    and the count of tasks issued), so naming a version would be choosing it for a known seed: such a
+    pool binds every task to the current version."""
+    if not seeded and type(named) is int and policy - async_level <= named <= policy:
         return named
     return policy
 
 
+def counted_lapses(
+    lives: Iterable[tuple[float | None, float]], downtimes: Iterable[tuple[float, float]]
+) -> list[float]:
+    """The end times of a node's tasks that count as lapsed, from each unsubmitted task's life
+    (issued, ended: expired, or superseded because the node held it while the policy moved past it):
+    every one, except those whose life overlapped a time the coordinator was down (`downtimes`,
+    (from, to) pairs): the node could not submit then, so an outage is no node's lapse."""
+    down = list(downtimes)
+    return [
+        end for start, end in lives
+        if not any((start if start is not None else end) <= to and frm <= end for frm, to in down)
+    ]  # fmt: skip
+
+
 def lapse_wait(lapsed_at: Iterable[float], now: float, window: float, limit: int) -> float:
-    """Seconds before a node may be given a new task, from the expiry times of its tasks that lapsed
-    unsubmitted: 0 while at most `limit` of them lapsed within `window`, else until enough have aged out.
-    A worker can only draw a new seed by letting its task lapse, so this bounds how often it can pick
+    """Seconds before a node may be given a new task, from the times its tasks lapsed unsubmitted
+    (`counted_lapses`): 0 while at most `limit` of them lapsed within `window`, else until enough have
+    aged out. A worker can only draw a new outcome by letting its task lapse (a new seed) or holding it
+    until it is superseded (the same seed under newer weights), so this bounds how often it can pick
     which tasks' outcomes it submits (an honest worker lapses a task when it is down longer than a task
     lives)."""
     recent = sorted((t for t in lapsed_at if now - window < t <= now), reverse=True)
     if limit < 0 or len(recent) <= limit:
         return 0.0
     return recent[limit] + window - now
+
+
+def recent_downtimes(
+    downtimes: Iterable[tuple[float, float]], since: float, new: tuple[float, float] | None = None
+) -> list[tuple[float, float]]:
+    """The coordinator's outages worth keeping: those ending after `since` (older ones can excuse no
+    lapse still counted), with `new` added, oldest first."""
+    kept = [(float(a), float(b)) for a, b in downtimes if b > since]
+    if new is not None and new[1] > new[0]:
+        kept.append(new)
+    return sorted(kept)

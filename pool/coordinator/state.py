@@ -21,7 +21,9 @@ CREATE TABLE IF NOT EXISTS tasks (
     body TEXT NOT NULL,
     status TEXT NOT NULL DEFAULT 'issued',     -- issued | submitted | superseded
     work_key TEXT,
-    expires_at REAL NOT NULL
+    expires_at REAL NOT NULL,
+    issued_at REAL,
+    ended_at REAL                              -- when it was superseded
 );
 CREATE INDEX IF NOT EXISTS tasks_node ON tasks(node, status);
 CREATE TABLE IF NOT EXISTS rollouts (
@@ -82,6 +84,8 @@ class CoordinatorState:
         self.store = Store(path, SCHEMA)
         self.store.add_column("rollouts", "signature", "TEXT")
         self.store.add_column("steps", "verified", "INTEGER NOT NULL DEFAULT 0")
+        self.store.add_column("tasks", "issued_at", "REAL")
+        self.store.add_column("tasks", "ended_at", "REAL")
 
     # -- invites
 
@@ -108,24 +112,37 @@ class CoordinatorState:
         )
         return dict(row) if row is not None else None
 
-    def lapsed(self, node: str, since: float, now: float) -> list[float]:
-        """Expiry times of the node's tasks that expired in (since, now] without a submission (a task
-        superseded by the coordinator is not the node's doing and is not counted)."""
+    def lapsed(self, node: str, since: float, now: float, soon: float) -> list[tuple[float | None, float]]:
+        """The lives (issued, ended) of the node's tasks that ended unsubmitted in (since, now]: those
+        that expired, or expire by `soon` (too late to be sent again, so the node is given another while
+        it still holds this one), ended at their expiry or now; and those superseded while the node held
+        them unsubmitted (it asked again only once the policy had moved past them), ended then."""
         rows = self.store.query(
-            "SELECT expires_at FROM tasks WHERE node = ? AND status = 'issued' AND expires_at > ? AND expires_at <= ?",
-            (node, since, now),
+            "SELECT issued_at, MIN(expires_at, ?) AS ended FROM tasks WHERE node = ? AND status = 'issued' "
+            "AND expires_at > ? AND expires_at <= ? "
+            "UNION ALL SELECT issued_at, ended_at FROM tasks WHERE node = ? AND status = 'superseded' "
+            "AND ended_at > ? AND ended_at <= ?",
+            (now, node, since, soon, node, since, now),
         )
-        return [float(r["expires_at"]) for r in rows]
+        return [(r["issued_at"], float(r["ended"])) for r in rows]
 
-    def supersede_task(self, task_id: str, node: str, seed: int) -> None:
+    def supersede_task(self, task_id: str, node: str, seed: int, now: float) -> None:
         """Replace a task the policy moved past; its seed is kept for the node's next task, so waiting
-        for a supersession never draws a new seed (letting a task lapse is the only way, and is counted)."""
+        for a supersession never draws a new seed (it gives the same seed under newer weights, and is
+        counted as a lapse)."""
         self.store.execute_many(
             [
-                ("UPDATE tasks SET status = 'superseded' WHERE task_id = ?", (task_id,)),
+                ("UPDATE tasks SET status = 'superseded', ended_at = ? WHERE task_id = ?", (now, task_id)),
                 self.store.put_statement(f"carried-seed:{node.lower()}", str(seed)),
             ]
         )
+
+    def downtimes(self) -> list[tuple[float, float]]:
+        """The coordinator's recent outages, (from, to) (`rules.recent_downtimes`)."""
+        return [(float(a), float(b)) for a, b in json.loads(self.store.get("downtimes") or "[]")]
+
+    def keep_downtimes(self, spans: list[tuple[float, float]]) -> None:
+        self.store.put("downtimes", json.dumps(spans))
 
     def carried_seed(self, node: str) -> int | None:
         """The seed of the node's superseded task, until a task with it is issued (`add_task(carried=)`)."""
@@ -135,8 +152,8 @@ class CoordinatorState:
     def add_task(self, task_id: str, node: str, body: bytes, expires_at: float, carried: bool = False) -> None:
         """A task issued; `carried`: it reuses the seed of the node's superseded task (that seed is used up)."""
         insert = (
-            "INSERT INTO tasks(task_id, node, body, expires_at) VALUES(?, ?, ?, ?)",
-            (task_id, node, body.hex(), expires_at),
+            "INSERT INTO tasks(task_id, node, body, expires_at, issued_at) VALUES(?, ?, ?, ?, ?)",
+            (task_id, node, body.hex(), expires_at, time.time()),
         )
         drop = ("DELETE FROM kv WHERE k = ?", (f"carried-seed:{node.lower()}",))
         self.store.execute_many([insert, drop] if carried else [insert])
@@ -184,22 +201,28 @@ class CoordinatorState:
 
     def accept(
         self, key: str, task_id: str, node: str, f: RolloutFile, commitment: str, mean_reward: float, signature: str
-    ) -> None:
-        """An accepted rollout, its task closed and its completions counted, in one transaction."""
-        self.store.execute_many(
+    ) -> bool:
+        """An accepted rollout, its task closed and its completions counted, in one transaction; False
+        (nothing written) when the task is no longer open: another submission for it was accepted, or it
+        was superseded, while this one was being checked."""
+        return self.store.execute_many(
             [
+                (
+                    "UPDATE tasks SET status = 'submitted', work_key = ? WHERE task_id = ? AND status = 'issued'",
+                    (key, task_id),
+                ),
                 (
                     "INSERT INTO rollouts(work_key, task_id, node, units, policy_version, proof_commitment, "
                     "mean_reward, accepted_at, signature) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (key, task_id, node, f.units, f.header.policy_version, commitment, mean_reward, time.time(),
                      signature),
                 ),
-                ("UPDATE tasks SET status = 'submitted', work_key = ? WHERE task_id = ?", (key, task_id)),
             ]
             + [
                 ("INSERT INTO completions(prompt, completion, work_key) VALUES(?, ?, ?)", (*completion_hashes(s), key))
                 for s in f.samples
-            ]
+            ],
+            guarded=True,
         )  # fmt: skip
 
     def to_record(self, node: str | None, limit: int) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from node import ops, protocol
@@ -20,7 +21,7 @@ from node.p2p.blobs import upload_blob
 from node.p2p.network import PoolNetwork
 from node.p2p.rules import Membership
 from node.rollout.file import work_key
-from pool.coordinator import Coordinator, CoordinatorConfig
+from pool.coordinator import Coordinator, CoordinatorConfig, rules
 from tests.adversarial.test_coordinator_intake import _file_for
 from tests.conftest import World
 from tests.integration.test_coordinator import _pool_with_two_members
@@ -89,11 +90,19 @@ async def test_a_task_is_bound_to_the_one_policy_version_its_worker_named(
             )  # fmt: skip
             assert reply["ok"] is True and reply["status"] == "accepted", reply
 
-            for body in ({}, {"version": 7}, {"version": -1}, {"version": "1"}, {"version": True}):
-                coord.state.store.execute("UPDATE tasks SET status = 'superseded' WHERE node = ?", (
+            def close_node2_tasks() -> None:
+                coord.state.store.execute("UPDATE tasks SET status = 'submitted' WHERE node = ?", (
                     chain.node2.address,))  # fmt: skip
+
+            for body in ({}, {"version": 7}, {"version": -1}, {"version": "1"}, {"version": True}):
+                close_node2_tasks()
                 t = protocol.Task.from_wire((await ask(net2, protocol.TASK_PROTOCOL, body))["task"])
                 assert (t.min_policy_version, t.policy_version) == (2, 2), body
+            # a pool run with a fixed seed: the next task's seed is known ahead, so no version is chosen for it
+            coord.cfg.seed = 5
+            close_node2_tasks()
+            t = protocol.Task.from_wire((await ask(net2, protocol.TASK_PROTOCOL, {"version": 1}))["task"])
+            assert (t.min_policy_version, t.policy_version) == (2, 2)
         nursery.cancel_scope.cancel()
 
 
@@ -131,16 +140,19 @@ async def test_letting_tasks_lapse_to_draw_new_seeds_is_cut_off(chain: World, tm
             assert "task" not in refused and refused["lapsed"] == 3, refused
             assert "lapsed" in refused["reason"] and 500 < float(refused["retry_after"]) <= cfg.lapse_window
             assert "task" in await ask(net2)  # the other node lapsed nothing
-            assert len(coord.state.lapsed(chain.node.address, time.time() - cfg.lapse_window, time.time())) == 3
+            t = time.time()
+            assert len(coord.state.lapsed(chain.node.address, t - cfg.lapse_window, t, t)) == 3
         nursery.cancel_scope.cancel()
 
 
 async def test_waiting_for_the_policy_to_move_past_a_task_draws_no_new_seed(chain: World, tmp_path: Path) -> None:
-    """The other way to a new seed: name the oldest fresh version, so the task is soon superseded as
-    the policy moves on, and ask again. The replacement keeps the superseded task's seed and is bound to
-    the current version (it lives the whole async level); supersessions are not counted as lapses."""
+    """The other way to a new outcome: name the oldest fresh version, so the task is soon superseded as
+    the policy moves on, and ask again. The replacement keeps the superseded task's seed, is bound to the
+    current version and is handed out at once (even while new work waits for the trainer: a wait would
+    let the worker pick the version by when it asks again); each supersession counts as a lapse, so past
+    the limit the node waits like one that let its tasks expire."""
     pid = await _pool_with_two_members(chain, tmp_path)
-    coord = Coordinator(_config(chain, pid, tmp_path, async_level=2), chain.coordinator)
+    coord = Coordinator(_config(chain, pid, tmp_path, async_level=2, lapse_limit=2), chain.coordinator)
     async with trio.open_nursery() as nursery:
         addrs = await nursery.start(coord.run)
         coord.cfg.policy_version = 2
@@ -148,23 +160,99 @@ async def test_waiting_for_the_policy_to_move_past_a_task_draws_no_new_seed(chai
         async with PoolNetwork(private_key=bytes(chain.node.key), pool=pid, membership=_members(pid, chain)) as net:
             await net.connect(addrs[0])
 
-            async def ask(version: int) -> protocol.Task:
+            async def ask(version: int) -> dict[str, Any]:
                 raw = await net.node.request(
                     peer, protocol.TASK_PROTOCOL, protocol.pack({"version": version}), timeout=30
                 )
-                return protocol.Task.from_wire(protocol.reply_body(raw, "task")["task"])
+                return protocol.reply_body(raw, "task")
 
-            first = await ask(0)
+            async def task(version: int) -> protocol.Task:
+                return protocol.Task.from_wire((await ask(version))["task"])
+
+            first = await task(0)
             assert (first.min_policy_version, first.policy_version) == (0, 0)
             coord.cfg.policy_version = 3  # version 0 is now too old: the task is superseded
-            second = await ask(2)
+            coord.cfg.train, coord.cfg.train_files = True, 0  # and new work waits for the trainer
+            second = await task(2)
             assert second.task_id != first.task_id and second.seed == first.seed
             assert (second.min_policy_version, second.policy_version) == (3, 3)
-            assert await ask(2) == second
+            assert await task(2) == second
             coord.cfg.policy_version = 5  # within the async level of the replacement: the same task again
-            assert await ask(5) == second
-            # the superseded task is not the node's lapse, even once its expiry has passed
-            coord.store.execute("UPDATE tasks SET expires_at = ? WHERE task_id = ?", (time.time() - 1, first.task_id))
-            assert coord.state.lapsed(chain.node.address, 0.0, time.time()) == []
+            assert await task(5) == second
             assert coord.state.carried_seed(chain.node.address) is None
+            lapses = coord.state.lapsed(chain.node.address, 0.0, time.time(), time.time())
+            assert len(lapses) == 1 and lapses[0][0] == pytest.approx(first.issued_at, abs=1)  # the supersession
+            # the same twice more: the third supersession is one past the limit, and the replacement waits
+            coord.cfg.policy_version = 8
+            third = await task(8)
+            assert third.seed == first.seed and third.policy_version == 8
+            coord.cfg.policy_version = 11
+            held = await ask(11)
+            assert "task" not in held and held["lapsed"] == 3 and float(held["retry_after"]) > 3600, held
+            assert coord.state.carried_seed(chain.node.address) == first.seed  # kept for when the wait ends
+            coord.cfg.train = False
         nursery.cancel_scope.cancel()
+
+
+async def test_concurrent_submissions_for_one_task_are_paid_once(
+    chain: World, tmp_path: Path, vllm_engine: Any
+) -> None:
+    """Two different files for one task submitted at once: both pass every check before either is
+    kept, so both were accepted (two rewards for one task, and the node keeps the better file). The task
+    is closed in the same transaction that keeps a file, only if it is still open: one is accepted."""
+    pid = await _pool_with_two_members(chain, tmp_path)
+    coord = Coordinator(_config(chain, pid, tmp_path), chain.coordinator)
+    async with trio.open_nursery() as nursery:
+        addrs = await nursery.start(coord.run)
+        peer = str(addrs[0]).rsplit("/p2p/", 1)[1]
+        assert coord.tools is not None
+        async with PoolNetwork(private_key=bytes(chain.node.key), pool=pid, membership=_members(pid, chain)) as net:
+            await net.connect(addrs[0])
+            raw = await net.node.request(peer, protocol.TASK_PROTOCOL, protocol.pack({}), timeout=30)
+            task = protocol.Task.from_wire(protocol.reply_body(raw, "task")["task"])
+            files = [_file_for(task, chain.node.address, vllm_engine, coord.tools, sample_seed=s) for s in (1, 2)]
+            keys = [work_key(f) for f in files]
+            assert keys[0] != keys[1]
+            for f, k in zip(files, keys, strict=True):
+                assert await upload_blob(net.node, peer, f) == k
+            replies: list[dict[str, Any]] = []
+
+            async def submit(k: str) -> None:
+                claim = ops.rollout_claim(coord.chain, pid, k)  # type: ignore[arg-type]
+                body = protocol.pack({"work_key": k, "task_id": task.task_id, "signature": claim.sign(chain.node)})
+                replies.append(protocol.unpack(await coord._on_submit(body, chain.node.address), "reply"))
+
+            async with trio.open_nursery() as both:  # the coordinator's own handler, twice at once
+                for k in keys:
+                    both.start_soon(submit, k)
+            accepted = [r for r in replies if r.get("status") == "accepted"]
+            assert len(accepted) == 1, replies
+            refused = next(r for r in replies if r.get("status") != "accepted")
+            assert refused["ok"] is False and "closed while this submission was checked" in refused["error"]
+            rows = coord.store.query("SELECT work_key FROM rollouts WHERE task_id = ?", (task.task_id,))
+            assert [r["work_key"] for r in rows] == [accepted[0]["work_key"]]
+            assert coord.blobs.get(accepted[0]["work_key"]) is not None
+        nursery.cancel_scope.cancel()
+
+
+def test_an_outage_is_no_lapse_but_a_task_left_to_expire_is(chain: World, tmp_path: Path) -> None:
+    """Tasks whose life overlapped a coordinator outage (the worker could not submit) are not counted
+    against their node; one that expired while the coordinator was up is; and a task within the resend
+    margin of its expiry counts at once (the node is given a new one while it still holds it: two live
+    tasks to pick from)."""
+    node = chain.node.address
+    cfg = _config(chain, 1, tmp_path, task_ttl=600.0, resend_margin=30.0)
+    coord = Coordinator(cfg, chain.coordinator)
+    now = time.time()
+    coord.store.put("alive_at", str(now - 3000))  # it was last seen alive 50 minutes ago
+    for i, (issued, expires) in enumerate([(now - 5000, now - 4400), (now - 3300, now - 2700), (now - 590, now + 10)]):
+        coord.state.add_task(f"t-{i}", node, b"\x80", expires)
+        coord.store.execute("UPDATE tasks SET issued_at = ? WHERE task_id = ?", (issued, f"t-{i}"))
+    coord.note_downtime(now)
+    assert coord.state.downtimes() == [(now - 3000, now + 60.0)]
+    lives = coord.state.lapsed(node, now - cfg.lapse_window, now, now + cfg.resend_margin)
+    # t-2 is about to expire: counted now
+    assert sorted(end - now for _, end in lives) == pytest.approx([-4400, -2700, 0])
+    counted = rules.counted_lapses(lives, coord.state.downtimes())
+    assert counted == [now - 4400]  # before the outage: the node's; t-1 and t-2 lived through it
+    coord.store.close()

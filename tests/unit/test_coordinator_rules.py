@@ -56,6 +56,8 @@ def test_a_task_is_bound_to_the_version_its_worker_holds_when_fresh_enough() -> 
     assert rules.bound_version(7, policy=6, async_level=2) == 6  # not published yet
     for junk in (None, "5", 5.0, True, [5]):
         assert rules.bound_version(junk, policy=6, async_level=2) == 6
+    # a seeded pool's next seed is known ahead: naming a version would be choosing it for that seed
+    assert rules.bound_version(4, policy=6, async_level=2, seeded=True) == 6
 
 
 def test_lapsed_tasks_beyond_the_limit_hold_new_tasks_back() -> None:
@@ -68,3 +70,21 @@ def test_lapsed_tasks_beyond_the_limit_hold_new_tasks_back() -> None:
     assert rules.lapse_wait([now - 10, now - 20, now - 4000, now + 5], now, window=3600, limit=2) == 0.0
     assert rules.lapse_wait([now - 1] * 5, now, window=3600, limit=0) == 3599.0
     assert rules.lapse_wait([now - 1] * 5, now, window=3600, limit=-1) == 0.0  # no limit
+
+
+def test_lapses_count_expired_and_superseded_tasks_but_not_an_outage() -> None:
+    lives = [(100.0, 200.0), (300.0, 400.0), (None, 500.0), (600.0, 700.0)]
+    assert rules.counted_lapses(lives, []) == [200.0, 400.0, 500.0, 700.0]
+    # the coordinator was down 350-450: the task alive then is excused, the others still count
+    assert rules.counted_lapses(lives, [(350.0, 450.0)]) == [200.0, 500.0, 700.0]
+    # an outage touching a life's either end excuses it; a life of unknown start is judged by its end
+    assert rules.counted_lapses(lives, [(50.0, 100.0), (500.0, 520.0)]) == [400.0, 700.0]
+    assert rules.counted_lapses(lives, [(201.0, 299.0)]) == [200.0, 400.0, 500.0, 700.0]
+
+
+def test_outages_kept_are_the_recent_ones() -> None:
+    assert rules.recent_downtimes([], 1000.0) == []
+    assert rules.recent_downtimes([(10.0, 20.0), (900.0, 1100.0)], 1000.0, (1200.0, 1260.0)) == [
+        (900.0, 1100.0), (1200.0, 1260.0),
+    ]  # fmt: skip
+    assert rules.recent_downtimes([], 0.0, (5.0, 5.0)) == []  # an empty span is no outage
