@@ -129,6 +129,7 @@ class Worker(JoiningMixin, GenerationMixin, AccusationsMixin):
         self.phase_started_work = False  # set once joined: from then on the worker waits out outages
         self._downloading: set[int] = set()
         self._new_download = trio.Event()
+        self.download_took: float | None = None  # seconds the last policy download took (inf: it failed)
         self.relay: Any = None
         self._relay_store: Any = None
         self.relay_url: str | None = None
@@ -234,8 +235,9 @@ class Worker(JoiningMixin, GenerationMixin, AccusationsMixin):
         while self.cfg.steps <= 0 or self.accepted_count() < self.cfg.steps:
             self.phase = "requesting a task"
             try:
-                # the version is named before the task's seed is known: the task is bound to it
-                reply = await self._request(protocol.TASK_PROTOCOL, {"version": self.held_version()}, "task request")
+                named = await self.version_to_name()  # before the seed is known: the task is bound to it
+                body = {} if named is None else {"version": named}
+                reply = await self._request(protocol.TASK_PROTOCOL, body, "task request")
             except protocol.ProtocolError as exc:  # refused (not a member yet, say): ask again later
                 self.phase, self.last_error = "task refused; asking again in 30 s", str(exc)
                 log.warning("task request refused (asking again in 30 s): %s", exc)

@@ -244,10 +244,12 @@ class GenerationMixin:
             self.downloaded[version] = path
             for old in [v for v in self.downloaded if v < version - 4]:
                 self.downloaded.pop(old, None)
-            log.info("policy version %d downloaded and verified in %.1f s", version, time.monotonic() - started)
+            self.download_took = time.monotonic() - started
+            log.info("policy version %d downloaded and verified in %.1f s", version, self.download_took)
             self._new_download.set()
             self._new_download = trio.Event()
         except DownloadError as exc:
+            self.download_took = float("inf")  # name held versions from now on (`version_to_name`)
             log.warning("download of policy version %d failed: %s", version, exc)
         finally:
             self._downloading.discard(version)
@@ -256,6 +258,22 @@ class GenerationMixin:
         """The newest policy version this worker can generate with without a download (the one it names
         when it asks for a task; the coordinator binds the task to it if it is fresh enough)."""
         return max([self.loaded_version, *self.downloaded])
+
+    async def version_to_name(self) -> int | None:
+        """The version to name in a task request, before its seed is known (the task is bound to it).
+        While this worker's downloads have been quick (within `fresh_wait`; none yet counts as quick),
+        none: the task is bound to the current version, the freshest rollouts for the trainer, fetched
+        in `ensure_policy`. Once a download was slow or failed, the newest held, after a short wait
+        (`fresh_wait`) for a newer one already downloading, so it keeps generating while big checkpoints
+        arrive instead of binding tasks to weights it cannot get in time."""
+        if rules.follows_current(self.download_took, self.cfg.fresh_wait):
+            return None
+        deadline = trio.current_time() + self.cfg.fresh_wait
+        while any(v > self.held_version() for v in self._downloading) and trio.current_time() < deadline:
+            self.phase = "waiting for a newer policy version's download"
+            with trio.move_on_at(min(deadline, trio.current_time() + 5.0)):
+                await self._new_download.wait()
+        return self.held_version()
 
     async def ensure_policy(self, task: protocol.Task) -> int:
         """Load the newest checkpoint that is fresh enough for `task` (hot reload, no restart);

@@ -29,6 +29,14 @@ def task_against_spec(
     return None
 
 
+def follows_current(download_took: float | None, fresh_wait: float) -> bool:
+    """Whether a worker asks for tasks bound to the pool's current version (rather than naming the
+    newest it holds): while its policy downloads are quick (within `fresh_wait` seconds; none yet
+    counts as quick), following the policy gives the trainer the freshest rollouts at a short fetch;
+    once one was slow or failed (`inf`), a task bound to weights it cannot get in time would lapse."""
+    return download_took is None or download_took <= fresh_wait
+
+
 def best_downloaded(downloaded: Iterable[int], min_version: int, max_version: int) -> int | None:
     """The newest downloaded version a task allows (`min_version`..`max_version`), if any."""
     return max((v for v in downloaded if min_version <= v <= max_version), default=None)

@@ -58,3 +58,10 @@ def test_a_task_off_the_pools_spec_is_refused() -> None:
             group,
         )
     assert rules.task_against_spec("math", "tiny", {**ok, "exact": 1}, 8, spec, 3, 3) is not None  # 1 is not true
+
+
+def test_a_worker_follows_the_current_version_while_its_downloads_are_quick() -> None:
+    assert rules.follows_current(None, fresh_wait=20.0)  # nothing downloaded yet
+    assert rules.follows_current(0.2, fresh_wait=20.0) and rules.follows_current(20.0, fresh_wait=20.0)
+    assert not rules.follows_current(95.0, fresh_wait=20.0)  # a big checkpoint over a slow link
+    assert not rules.follows_current(float("inf"), fresh_wait=20.0)  # the last download failed
