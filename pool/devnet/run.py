@@ -132,6 +132,19 @@ async def orchestrate(
     return build_report(opts, roles, pool_id, procs, report) | {"disputes": disputes, "explorer": explorer}
 
 
+async def keep_explorer(url: str, opts: DevnetOptions, pool_id: int, port: int, coordinator: dict[str, Any]) -> None:
+    """`--keep-running`: once the roles have stopped, the pool's explorer from the chain, with the
+    coordinator's last status page (its reward curve) as it stopped, until Ctrl-C."""
+    from pool.explorer.server import Explorer, serve_explorer
+
+    last = {**coordinator, "name": "coordinator (stopped with the devnet)"}
+    async with await ChainClient.connect(url, Deployment.load(opts.workdir / "deployment.json")) as chain:
+        ex = Explorer(chain, pools=(pool_id,), status_fns=(lambda: last,), refresh=5.0)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve_explorer, ex, "127.0.0.1", port)
+            await trio.sleep_forever()
+
+
 async def explorer_agrees(client: httpx.AsyncClient, url: str, pool_id: int, report: Any) -> dict[str, Any]:
     """The coordinator's explorer, once it has read the chain at the audit's block or later: whether its
     totals and per-node ledgers are the audit's."""
@@ -178,6 +191,7 @@ def run_devnet(opts: DevnetOptions) -> dict[str, Any]:
             summary = chain_summary(anvil.url, opts, roles, pool_id, dep)
         else:
             procs = make_procs(opts, anvil.url, roles, pool_id, coord_port)
+            after = free_port() if opts.keep_running else None  # the explorer that outlives the roles
             say(f"starting {', '.join(p.name for p in procs)} (logs in {opts.workdir}/<name>.log)")
             say(f"the pool's explorer: {procs[0].explorer} (while the devnet runs)")
             try:
@@ -187,6 +201,8 @@ def run_devnet(opts: DevnetOptions) -> dict[str, Any]:
             finally:
                 stop_all(procs)
             report["seconds"] = round(time.monotonic() - started, 1)
+            if after is not None:
+                report["explorer"]["after"] = f"http://127.0.0.1:{after}/pool/{pool_id}"
             problems = check_outcome(report)
             report["ok"] = not problems
             report["problems"] = problems
@@ -210,8 +226,12 @@ def run_devnet(opts: DevnetOptions) -> dict[str, Any]:
         if opts.keep_running:
             say(f"anvil keeps running on {anvil.url}; Ctrl-C stops it")
             try:
-                while True:
-                    time.sleep(3600)
+                if opts.chain_only:
+                    while True:
+                        time.sleep(3600)
+                else:
+                    say(f"the pool's explorer keeps running at {summary['explorer']['after']}")
+                    trio.run(keep_explorer, anvil.url, opts, pool_id, after, procs[0].status)
             except KeyboardInterrupt:
                 say("stopping")
         if not opts.chain_only and summary["problems"]:

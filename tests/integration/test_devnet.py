@@ -7,32 +7,76 @@ libp2p host and vLLM engine (workers) or transformers prefill (validator)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
-def test_devnet_with_adversary_end_to_end(tmp_path: Path) -> None:
+@dataclass
+class Devnet:
+    """A devnet run with `--keep-running`: its report, folder and stdout, and the process that still
+    serves the pool's explorer on the chain it leaves."""
+
+    proc: subprocess.Popen[str]
+    report: dict[str, Any]
+    folder: Path
+    out: Path
+    elapsed: float
+
+    @property
+    def stdout(self) -> str:
+        return self.out.read_text()
+
+
+@pytest.fixture(scope="module")
+def adversary_devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Devnet]:
+    """`intellect-node devnet --model tiny --adversary --steps 3 --keep-running`, until its report is
+    written and the explorer that outlives the roles is up (stopped with SIGTERM at the end)."""
     pytest.importorskip("vllm")
-    report_path = tmp_path / "r.json"
+    tmp_path = tmp_path_factory.mktemp("devnet")
+    report_path, out = tmp_path / "r.json", tmp_path / "stdout.txt"
     env = {k: v for k, v in os.environ.items() if not k.startswith("INTELLECT_")}
     started = time.monotonic()
-    p = subprocess.run(
-        [sys.executable, "-m", "cli.main", "devnet", "--model", "tiny", "--adversary", "--steps", "3",
-         "--report", str(report_path), "--dir", str(tmp_path / "dn"), "--timeout", "420"],
-        capture_output=True, text=True, timeout=480, env=env, cwd=str(ROOT),
-    )  # fmt: skip
-    elapsed = time.monotonic() - started
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    report = json.loads(report_path.read_text())
+    with open(out, "w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "devnet", "--model", "tiny", "--adversary", "--steps", "3",
+             "--report", str(report_path), "--dir", str(tmp_path / "dn"), "--timeout", "420", "--keep-running"],
+            stdout=sink, stderr=subprocess.STDOUT, text=True, env=env, cwd=str(ROOT),
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 480
+        while "explorer keeps running" not in out.read_text():
+            assert proc.poll() is None, out.read_text()[-6000:]
+            assert time.monotonic() < deadline, "the devnet did not finish in 480 s: " + out.read_text()[-3000:]
+            time.sleep(1.0)
+        elapsed = time.monotonic() - started
+        yield Devnet(proc, json.loads(report_path.read_text()), tmp_path / "dn", out, elapsed)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+@pytest.mark.slow
+def test_devnet_with_adversary_end_to_end(adversary_devnet: Devnet) -> None:
+    dn = adversary_devnet
+    report, tmp_path = dn.report, dn.folder.parent
     assert report["ok"] and report["problems"] == []
     nodes = report["nodes"]
     assert set(nodes) == {"worker1", "worker2", "cheater"}
@@ -74,12 +118,61 @@ def test_devnet_with_adversary_end_to_end(tmp_path: Path) -> None:
     honest_versions = [v for n in ("worker1", "worker2") for v in t["rollout_versions"][nodes[n]["node"]]]
     assert max(honest_versions) >= 1
     assert Path(t["reward_plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "devnet summary" in p.stdout and "outcome as expected" in p.stdout
+    assert "devnet summary" in dn.stdout and "outcome as expected" in dn.stdout
     # every daemon stopped cleanly on SIGTERM (state closed), none had to be killed
     for name in ("coordinator", "validator", "worker1", "worker2", "cheater"):
         log = (tmp_path / "dn" / f"{name}.log").read_text()
         assert "SIGTERM received" in log and ": shut down" in log, name
-    print(f"devnet with adversary took {elapsed:.0f} s")
+    print(f"devnet with adversary took {dn.elapsed:.0f} s")
+
+
+@pytest.mark.slow
+def test_the_explorer_of_a_devnet_run_in_chromium(adversary_devnet: Devnet, tmp_path: Path) -> None:
+    """The explorer the devnet leaves running (`--keep-running`), in headless Chromium: its numbers are
+    the audit's, the cheater's invalidations show with their transactions and evidence, the reward chart
+    renders; then Ctrl-C (SIGTERM) stops it cleanly."""
+    from PIL import Image
+    from selenium.webdriver.common.by import By
+
+    from tests.integration.test_explorer_browser import CHROMIUM, DRIVER, browser, cards
+
+    if not (Path(CHROMIUM).exists() and Path(DRIVER).exists()):
+        pytest.skip("Debian's chromium and chromium-driver are not installed")
+    dn = adversary_devnet
+    report, audit = dn.report, dn.report["audit"]
+    url = report["explorer"]["after"]
+    driver = browser(tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the explorer reads the chain after it starts
+            driver.get(url)
+            seen = cards(driver)
+            if "recorded units" in seen or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+        t = audit["totals"]
+        assert seen["recorded units"] == f"{t['recorded_units']:,}", seen
+        assert seen["invalidated units"] == f"{t['invalidated_units']:,}" != "0"
+        assert seen["claimed units"] == f"{t['claimed_units']:,}"
+        assert driver.find_element(By.ID, "audit").text == "audit consistent"
+        cheat = report["nodes"]["cheater"]
+        html = driver.page_source
+        for slash in cheat["slashes"]:  # each of the cheater's slashes: its transaction on the page
+            assert slash["tx"] in html, slash
+        rows = driver.find_elements(By.CSS_SELECTOR, "table.disputes tbody tr")
+        assert len(rows) == len(report["disputes"]["records"]) == 3
+        for row in rows:
+            cells = [c.get_attribute("innerHTML") for c in row.find_elements(By.TAG_NAME, "td")]
+            assert "slash" in cells[2] and "0x" in cells[5], cells  # the verdict, and the evidence's hash
+        chart = driver.find_element(By.CSS_SELECTOR, "svg.chart")
+        img = Image.open(io.BytesIO(chart.screenshot_as_png)).convert("RGB")
+        line = sum(1 for px in img.getdata() if abs(px[0] - 0x24) < 40 and abs(px[2] - 0xEB) < 40 and px[1] < 0x90)
+        assert img.size[0] > 300 and line > 100, (img.size, line)  # the reward per policy version is drawn
+    finally:
+        driver.quit()
+    dn.proc.send_signal(signal.SIGTERM)
+    assert dn.proc.wait(60) == 0, dn.stdout[-3000:]
+    assert "stopping" in dn.stdout
 
 
 @pytest.mark.slow
