@@ -57,7 +57,9 @@ import click
 @click.option("--report", type=click.Path(dir_okay=False), help="Write the outcome (with the audit) as JSON here.")
 @click.option("--timeout", type=float, default=900, show_default=True, help="Give up after this many seconds.")
 @click.option("--chain-only", is_flag=True, help="Only the chain side: a pool with one joined node, no daemons.")
-@click.option("--keep-running", is_flag=True, help="Keep anvil (and, after a full run, the pool's explorer) running until Ctrl-C.")
+@click.option(
+    "--keep-running", is_flag=True, help="Keep anvil (and, after a full run, the pool's explorer) running until Ctrl-C."
+)
 @click.option(
     "--eval",
     "eval_problems",
