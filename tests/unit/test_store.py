@@ -90,6 +90,30 @@ def test_execute_many_is_atomic(tmp_path: Path) -> None:
         s.close()
 
 
+def test_a_guarded_batch_writes_only_while_its_condition_holds(tmp_path: Path) -> None:
+    """`execute_many(guarded=True)`: the first statement is the condition (the coordinator closes a task
+    only if it is still open); when it changes no row, nothing of the batch is written."""
+    s = Store(tmp_path / "state.db", SCHEMA)
+    try:
+        s.execute("INSERT INTO items(k, n) VALUES('task', 0)")
+
+        def close_and_keep(tag: str) -> bool:
+            return s.execute_many(
+                [
+                    ("UPDATE items SET n = 1 WHERE k = 'task' AND n = 0", ()),
+                    ("INSERT INTO items(k, n) VALUES(?, 2)", (tag,)),
+                ],
+                guarded=True,
+            )
+
+        assert close_and_keep("first") is True
+        assert close_and_keep("second") is False  # the task is closed: the second file is not kept
+        assert [r[0] for r in s.query("SELECT k FROM items ORDER BY k")] == ["first", "task"]
+        assert not s.db.in_transaction
+    finally:
+        s.close()
+
+
 def test_journal_lifecycle(tmp_path: Path) -> None:
     s = Store(tmp_path / "state.db")
     j = s.journal
