@@ -284,7 +284,9 @@ class GenerationMixin:
         fresh_deadline = trio.current_time() + self.cfg.fresh_wait
         while True:
             best = rules.best_downloaded(self.downloaded, task.min_policy_version, task.policy_version)
-            if best is not None and best > self.loaded_version:
+            # a newer one, or an older one when the task is bound below what is loaded (a task resent
+            # from before a reload): without going back it could never be generated
+            if best is not None and (best > self.loaded_version or self.loaded_version > task.policy_version):
                 if self.cfg.cheat != "model":  # the model cheater keeps its own weights and lies
                     self.phase = f"loading policy version {best}"
                     await trio.to_thread.run_sync(self.engine.reload_weights, self.downloaded[best])

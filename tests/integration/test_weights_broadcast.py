@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -333,6 +334,11 @@ async def test_worker_fetches_the_version_an_older_task_allows(tmp_path: Path) -
         assert version == 2 and worker.loaded_version == 2
         assert loaded == [worker.downloaded[2]]
         assert loaded[0].read_bytes() == sources[2]
+        # a task bound to an older version than the one loaded (resent from before the reload): back to it
+        older = dataclasses.replace(task, task_id="t-2", policy_version=1, min_policy_version=1)
+        with trio.fail_after(20):
+            assert await worker.ensure_policy(older) == 1 and worker.loaded_version == 1
+        assert loaded[-1].read_bytes() == sources[1]
         nursery.cancel_scope.cancel()
 
 
