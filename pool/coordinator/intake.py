@@ -150,11 +150,19 @@ class IntakeMixin:
             version = int(open_task.get("policy_version", 0))
             if rules.task_to_hand_out(version, cfg.policy_version, cfg.async_level, cfg.train, 0, 1) == "resend":
                 return protocol.ok(task=open_task)
-            # the policy moved on since it was issued (the worker was down, or named an old version): replaced
-            # by a task with the same seed at the current version (waiting for this is no way to a new seed,
-            # only to the same seed under newer weights: counted as a lapse)
-            self.state.supersede_task(row["task_id"], sender, int(open_task.get("seed", 0)), now)
-            log.info("task %s of %s superseded: issued at policy version %s", row["task_id"], sender, version)
+            # the policy moved past it (the worker was down, or named an old version): replaced by a task with
+            # the same seed, at once (not more work for the trainer, and no new seed: not held back), bound to
+            # a version fixed by the old task alone (`rules.replacement`): each version let pass is a lapse
+            bound, hops = rules.replacement(version, cfg.policy_version, cfg.async_level)
+            task = self._task(sender, int(open_task.get("seed", 0)), bound, now)
+            if not self.state.replace_task(
+                row["task_id"], hops, task.task_id, sender, protocol.pack(task.to_wire()), task.expires_at, now
+            ):
+                return protocol.ok(retry_after=1.0, reason="your task was submitted meanwhile")
+            log.info("task %s of %s superseded: issued at policy version %s, replaced at %s", row["task_id"],
+                     sender, version, bound)  # fmt: skip
+            self._count("tasks_issued")
+            return protocol.ok(task=task.to_wire())
         lives = self.state.lapsed(sender, now - cfg.lapse_window, now, now + cfg.resend_margin)
         lapsed = rules.counted_lapses(lives, self.state.downtimes())
         wait = rules.lapse_wait(lapsed, now, cfg.lapse_window, cfg.lapse_limit)
@@ -166,27 +174,28 @@ class IntakeMixin:
                 reason=f"{len(lapsed)} of your tasks lapsed unsubmitted in the last {cfg.lapse_window / 3600:g} h "
                 f"(at most {cfg.lapse_limit}): the next one in {wait:.0f} s",
             )
-        carried = self.state.carried_seed(sender)
-        if carried is None:
-            if (
-                rules.task_to_hand_out(
-                    None, cfg.policy_version, cfg.async_level, cfg.train, self.backlog(now), cfg.train_files
-                )
-                == "wait"
-            ):
-                return protocol.ok(retry_after=2.0, reason="waiting for the trainer")
-            seed = self._task_seed()
-            version = rules.bound_version(
-                asked.get("version"), cfg.policy_version, cfg.async_level, seeded=cfg.seed is not None
+        if (
+            rules.task_to_hand_out(
+                None, cfg.policy_version, cfg.async_level, cfg.train, self.backlog(now), cfg.train_files
             )
-        else:
-            # its superseded task's seed, at once (a replacement, not more work for the trainer: a wait here
-            # would let the worker pick the version it is bound to by when it asks), at the current version
-            seed, version = carried, cfg.policy_version
-        task = protocol.Task(
+            == "wait"
+        ):
+            return protocol.ok(retry_after=2.0, reason="waiting for the trainer")
+        version = rules.bound_version(
+            asked.get("version"), cfg.policy_version, cfg.async_level, seeded=cfg.seed is not None
+        )
+        task = self._task(sender, self._task_seed(), version, now)
+        self.state.add_task(task.task_id, sender, protocol.pack(task.to_wire()), task.expires_at)
+        self._count("tasks_issued")
+        return protocol.ok(task=task.to_wire())
+
+    def _task(self, node: str, seed: int, version: int, now: float) -> protocol.Task:
+        """A task for `node`: `seed` (its problems), bound to policy `version`."""
+        cfg = self.cfg
+        return protocol.Task(
             task_id="t-" + secrets.token_hex(8),
             pool_id=cfg.pool_id,
-            node=sender,
+            node=node,
             env=cfg.env,
             seed=seed,
             prompts=cfg.prompts,
@@ -198,10 +207,6 @@ class IntakeMixin:
             expires_at=now + cfg.task_ttl,
             min_policy_version=version,
         )
-        body = protocol.pack(task.to_wire())
-        self.state.add_task(task.task_id, sender, body, task.expires_at, carried=carried is not None)
-        self._count("tasks_issued")
-        return protocol.ok(task=task.to_wire())
 
     def _task_seed(self) -> int:
         """The seed the next task's problems are drawn from. Unpredictable by default, so a worker cannot

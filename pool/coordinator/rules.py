@@ -49,6 +49,19 @@ def bound_version(named: object, policy: int, async_level: int, seeded: bool = F
     return policy
 
 
+def replacement(bound: int, policy: int, async_level: int) -> tuple[int, int]:
+    """The version a stale task's replacement (same seed) is bound to, and how many supersessions that
+    makes, from the version the task was bound to: the task bound to `bound` went stale when the policy
+    reached bound + async_level + 1, so its replacement is bound to that version; if that is stale too
+    by now, to the next such version, and so on (one per `async_level + 1`: exactly one of them is fresh
+    at any policy). The version depends on the task and the current policy only, never on when the
+    worker asks, so a worker cannot pick which version its seed is generated under by waiting; each
+    version it lets pass is one supersession, counted as a lapse."""
+    span = async_level + 1
+    hops = max(1, -(-(policy - async_level - bound) // span))
+    return bound + hops * span, hops
+
+
 def counted_lapses(
     lives: Iterable[tuple[float | None, float]], downtimes: Iterable[tuple[float, float]]
 ) -> list[float]:

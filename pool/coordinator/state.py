@@ -23,7 +23,8 @@ CREATE TABLE IF NOT EXISTS tasks (
     work_key TEXT,
     expires_at REAL NOT NULL,
     issued_at REAL,
-    ended_at REAL                              -- when it was superseded
+    ended_at REAL,                             -- when it was superseded
+    lapses INTEGER NOT NULL DEFAULT 1          -- supersessions it counts for (`rules.replacement`)
 );
 CREATE INDEX IF NOT EXISTS tasks_node ON tasks(node, status);
 CREATE TABLE IF NOT EXISTS rollouts (
@@ -86,6 +87,7 @@ class CoordinatorState:
         self.store.add_column("steps", "verified", "INTEGER NOT NULL DEFAULT 0")
         self.store.add_column("tasks", "issued_at", "REAL")
         self.store.add_column("tasks", "ended_at", "REAL")
+        self.store.add_column("tasks", "lapses", "INTEGER NOT NULL DEFAULT 1")
 
     # -- invites
 
@@ -116,25 +118,33 @@ class CoordinatorState:
         """The lives (issued, ended) of the node's tasks that ended unsubmitted in (since, now]: those
         that expired, or expire by `soon` (too late to be sent again, so the node is given another while
         it still holds this one), ended at their expiry or now; and those superseded while the node held
-        them unsubmitted (it asked again only once the policy had moved past them), ended then."""
+        them unsubmitted (it asked again only once the policy had moved past them), ended then, once per
+        version the node let pass (`rules.replacement`)."""
         rows = self.store.query(
-            "SELECT issued_at, MIN(expires_at, ?) AS ended FROM tasks WHERE node = ? AND status = 'issued' "
+            "SELECT issued_at, MIN(expires_at, ?) AS ended, 1 AS n FROM tasks WHERE node = ? AND status = 'issued' "
             "AND expires_at > ? AND expires_at <= ? "
-            "UNION ALL SELECT issued_at, ended_at FROM tasks WHERE node = ? AND status = 'superseded' "
+            "UNION ALL SELECT issued_at, ended_at, lapses FROM tasks WHERE node = ? AND status = 'superseded' "
             "AND ended_at > ? AND ended_at <= ?",
             (now, node, since, soon, node, since, now),
         )
-        return [(r["issued_at"], float(r["ended"])) for r in rows]
+        return [(r["issued_at"], float(r["ended"])) for r in rows for _ in range(max(1, int(r["n"])))]
 
-    def supersede_task(self, task_id: str, node: str, seed: int, now: float) -> None:
-        """Replace a task the policy moved past; its seed is kept for the node's next task, so waiting
-        for a supersession never draws a new seed (it gives the same seed under newer weights, and is
-        counted as a lapse)."""
-        self.store.execute_many(
+    def replace_task(
+        self, old: str, lapses: int, task_id: str, node: str, body: bytes, expires_at: float, now: float
+    ) -> bool:
+        """A task the policy moved past superseded (counting `lapses`) and its replacement issued, in one
+        transaction; False (nothing written) when the old task is no longer open (a submission for it
+        was accepted meanwhile)."""
+        return self.store.execute_many(
             [
-                ("UPDATE tasks SET status = 'superseded', ended_at = ? WHERE task_id = ?", (now, task_id)),
-                self.store.put_statement(f"carried-seed:{node.lower()}", str(seed)),
-            ]
+                (
+                    "UPDATE tasks SET status = 'superseded', ended_at = ?, lapses = ? "
+                    "WHERE task_id = ? AND status = 'issued'",
+                    (now, lapses, old),
+                ),
+                self._insert_task(task_id, node, body, expires_at, now),
+            ],
+            guarded=True,
         )
 
     def downtimes(self) -> list[tuple[float, float]]:
@@ -144,19 +154,17 @@ class CoordinatorState:
     def keep_downtimes(self, spans: list[tuple[float, float]]) -> None:
         self.store.put("downtimes", json.dumps(spans))
 
-    def carried_seed(self, node: str) -> int | None:
-        """The seed of the node's superseded task, until a task with it is issued (`add_task(carried=)`)."""
-        v = self.store.get(f"carried-seed:{node.lower()}")
-        return None if v is None else int(v)
+    def add_task(self, task_id: str, node: str, body: bytes, expires_at: float) -> None:
+        self.store.execute(*self._insert_task(task_id, node, body, expires_at, time.time()))
 
-    def add_task(self, task_id: str, node: str, body: bytes, expires_at: float, carried: bool = False) -> None:
-        """A task issued; `carried`: it reuses the seed of the node's superseded task (that seed is used up)."""
-        insert = (
+    @staticmethod
+    def _insert_task(
+        task_id: str, node: str, body: bytes, expires_at: float, now: float
+    ) -> tuple[str, tuple[Any, ...]]:
+        return (
             "INSERT INTO tasks(task_id, node, body, expires_at, issued_at) VALUES(?, ?, ?, ?, ?)",
-            (task_id, node, body.hex(), expires_at, time.time()),
+            (task_id, node, body.hex(), expires_at, now),
         )
-        drop = ("DELETE FROM kv WHERE k = ?", (f"carried-seed:{node.lower()}",))
-        self.store.execute_many([insert, drop] if carried else [insert])
 
     def task(self, task_id: str) -> dict[str, Any] | None:
         row = self.store.one("SELECT * FROM tasks WHERE task_id = ?", (task_id,))

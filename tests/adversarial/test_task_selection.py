@@ -145,52 +145,68 @@ async def test_letting_tasks_lapse_to_draw_new_seeds_is_cut_off(chain: World, tm
         nursery.cancel_scope.cancel()
 
 
-async def test_waiting_for_the_policy_to_move_past_a_task_draws_no_new_seed(chain: World, tmp_path: Path) -> None:
+async def test_waiting_for_the_policy_to_move_past_a_task_draws_no_new_seed_nor_a_version(
+    chain: World, tmp_path: Path
+) -> None:
     """The other way to a new outcome: name the oldest fresh version, so the task is soon superseded as
-    the policy moves on, and ask again. The replacement keeps the superseded task's seed, is bound to the
-    current version and is handed out at once (even while new work waits for the trainer: a wait would
-    let the worker pick the version by when it asks again); each supersession counts as a lapse, so past
-    the limit the node waits like one that let its tasks expire."""
+    the policy moves on, and ask again. The replacement keeps the superseded task's seed and is handed
+    out at once (even while new work waits for the trainer, and past the lapse limit: it is no new
+    seed). Its version is fixed by the task alone, not by when the worker asks: a task bound to v is
+    replaced by one bound to v + async_level + 1 (the version at which v went stale), that one by the
+    next such version, and so on, each supersession counted as a lapse. A worker that waits for a later
+    version to bind its seed to pays one lapse per version skipped."""
     pid = await _pool_with_two_members(chain, tmp_path)
     coord = Coordinator(_config(chain, pid, tmp_path, async_level=2, lapse_limit=2), chain.coordinator)
     async with trio.open_nursery() as nursery:
         addrs = await nursery.start(coord.run)
         coord.cfg.policy_version = 2
         peer = str(addrs[0]).rsplit("/p2p/", 1)[1]
-        async with PoolNetwork(private_key=bytes(chain.node.key), pool=pid, membership=_members(pid, chain)) as net:
+        async with (
+            PoolNetwork(private_key=bytes(chain.node.key), pool=pid, membership=_members(pid, chain)) as net,
+            PoolNetwork(private_key=bytes(chain.node2.key), pool=pid, membership=_members(pid, chain)) as net2,
+        ):
             await net.connect(addrs[0])
+            await net2.connect(addrs[0])
 
-            async def ask(version: int) -> dict[str, Any]:
-                raw = await net.node.request(
-                    peer, protocol.TASK_PROTOCOL, protocol.pack({"version": version}), timeout=30
-                )
+            async def ask(n: PoolNetwork, version: int) -> dict[str, Any]:
+                raw = await n.node.request(peer, protocol.TASK_PROTOCOL, protocol.pack({"version": version}), timeout=30)
                 return protocol.reply_body(raw, "task")
 
-            async def task(version: int) -> protocol.Task:
-                return protocol.Task.from_wire((await ask(version))["task"])
+            async def task(n: PoolNetwork, version: int) -> protocol.Task:
+                return protocol.Task.from_wire((await ask(n, version))["task"])
 
-            first = await task(0)
-            assert (first.min_policy_version, first.policy_version) == (0, 0)
-            coord.cfg.policy_version = 3  # version 0 is now too old: the task is superseded
+            def lapses(node: str) -> int:
+                return len(rules.counted_lapses(coord.state.lapsed(node, 0.0, time.time(), time.time()), []))
+
+            first = await task(net, 0)
+            first2 = await task(net2, 0)
+            assert (first.min_policy_version, first.policy_version) == (0, 0) and first2.policy_version == 0
+            coord.cfg.policy_version = 4  # version 0 went stale at 3: the task is superseded
             coord.cfg.train, coord.cfg.train_files = True, 0  # and new work waits for the trainer
-            second = await task(2)
+            second = await task(net, 4)
             assert second.task_id != first.task_id and second.seed == first.seed
-            assert (second.min_policy_version, second.policy_version) == (3, 3)
-            assert await task(2) == second
+            assert (second.min_policy_version, second.policy_version) == (3, 3)  # not 4: when it asked is no choice
+            assert await task(net, 4) == second
             coord.cfg.policy_version = 5  # within the async level of the replacement: the same task again
-            assert await task(5) == second
-            assert coord.state.carried_seed(chain.node.address) is None
-            lapses = coord.state.lapsed(chain.node.address, 0.0, time.time(), time.time())
-            assert len(lapses) == 1 and lapses[0][0] == pytest.approx(first.issued_at, abs=1)  # the supersession
-            # the same twice more: the third supersession is one past the limit, and the replacement waits
-            coord.cfg.policy_version = 8
-            third = await task(8)
-            assert third.seed == first.seed and third.policy_version == 8
-            coord.cfg.policy_version = 11
-            held = await ask(11)
-            assert "task" not in held and held["lapsed"] == 3 and float(held["retry_after"]) > 3600, held
-            assert coord.state.carried_seed(chain.node.address) == first.seed  # kept for when the wait ends
+            assert await task(net, 5) == second
+            assert lapses(chain.node.address) == 1
+            lives = coord.state.lapsed(chain.node.address, 0.0, time.time(), time.time())
+            assert lives[0][0] == pytest.approx(first.issued_at, abs=1)  # the life of the superseded task
+            # the other worker held its task at 0 until version 7: bound to 6, past 3 and 6, two lapses
+            coord.cfg.policy_version = 7
+            later = await task(net2, 7)
+            assert later.seed == first2.seed and later.policy_version == 6
+            assert lapses(chain.node2.address) == 2
+            # the first worker's task at 3 is stale at 6 too: replaced at 6, then at 9 (past the limit of
+            # 2 lapses, still handed out: the same seed), and no new seed until the lapses age out
+            assert (await task(net, 7)).policy_version == 6
+            coord.cfg.policy_version = 9
+            third = await task(net, 9)
+            assert third.seed == first.seed and third.policy_version == 9 and lapses(chain.node.address) == 3
             coord.cfg.train = False
+            coord.state.store.execute("UPDATE tasks SET status = 'submitted' WHERE task_id = ?", (third.task_id,))
+            held = await ask(net, 9)
+            assert "task" not in held and held["lapsed"] == 3 and float(held["retry_after"]) > 3600, held
         nursery.cancel_scope.cancel()
 
 

@@ -88,3 +88,19 @@ def test_outages_kept_are_the_recent_ones() -> None:
         (900.0, 1100.0), (1200.0, 1260.0),
     ]  # fmt: skip
     assert rules.recent_downtimes([], 0.0, (5.0, 5.0)) == []  # an empty span is no outage
+
+
+def test_a_stale_tasks_replacement_version_depends_on_the_task_alone() -> None:
+    """Bound to 0 with async level 2: stale from version 3 on. Its replacement is bound to 3 wherever
+    the policy is in 3..5, to 6 in 6..8 (two versions let pass), and so on: whenever the worker asks,
+    the version is the one fresh chain point, and a later one costs a lapse more."""
+    for policy in (3, 4, 5):
+        assert rules.replacement(0, policy, 2) == (3, 1)
+    for policy in (6, 7, 8):
+        assert rules.replacement(0, policy, 2) == (6, 2)
+    assert rules.replacement(0, 9, 2) == (9, 3)
+    assert rules.replacement(4, 6, 0) == (6, 2)  # no asynchrony: every version is a chain point
+    for bound in range(4):
+        for policy in range(bound + 3, bound + 20):
+            version, hops = rules.replacement(bound, policy, 2)
+            assert policy - 2 <= version <= policy and version == bound + 3 * hops  # fresh, on the chain
