@@ -8,6 +8,8 @@ per token (`PoolFileCheck.judge` on the completions as one rollout file: batched
 sampling checks, the exact-sampling replay and the rewards) against the worker's batched generation
 with exact sampling (`validation_cost_vs_generation`, target <= 0.1), and the same with the bf16 prefill
 a validator may choose where the thresholds were calibrated for it (`validation_bf16_cost_vs_generation`).
+The prefill's weight FLOP/s against a plain matmul of the model's shape (`prefill_share_of_matmul_peak`)
+says how much a faster prefill could still gain on this machine.
 Timed runs are the fastest of `--repeats` on both sides.
 Ends with one JSON line.
 
@@ -75,6 +77,19 @@ def generate(args: argparse.Namespace) -> None:
     )
 
 
+def matmul_gflops(hidden: int, dtype: torch.dtype, rows: int = 8192) -> float:
+    """This machine's plain matrix-multiply speed for a [rows, hidden] x [hidden, 2 * hidden] product."""
+    a, b = torch.randn(rows, hidden, dtype=dtype), torch.randn(hidden, 2 * hidden, dtype=dtype)
+    a @ b  # warm-up
+    best = math.inf
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(10):
+            a @ b
+        best = min(best, (time.perf_counter() - t0) / 10)
+    return 2 * rows * hidden * 2 * hidden / best / 1e9
+
+
 def main(args: argparse.Namespace) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "gen.pt"
@@ -124,6 +139,12 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     fast.prefill_many([(c.prompt_tokens, c.tokens) for c in completions])
     prefill_bf16_s = time.perf_counter() - t0
     del fast
+    # how close the prefill runs to this machine's matrix-multiply peak: its weight FLOPs (2 per weight
+    # per token fed, embeddings excluded) per second, against a plain matmul of the model's shape
+    weights = sum(p.numel() for n, p in validator.model.named_parameters() if "embed_tokens" not in n)
+    fed = sum(len(c.prompt_tokens) + len(c.tokens) - 1 for c in completions)
+    prefill_gflops = 2 * weights * fed / prefill_s / 1e9
+    peak_gflops = matmul_gflops(validator.hidden_size, torch.float32)
     t0 = time.perf_counter()
     worst = max(ch.exp_mismatches for p, pr in zip(pre, proofs, strict=True) for ch in verify_proofs(p.hidden, pr))
     verify_s = time.perf_counter() - t0
@@ -170,6 +191,9 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         "generation_tokens_per_s_per_sequence": single_tokens / gen["single_s"],
         "prefill_tokens_per_s_per_sequence": single_tokens / prefill_single_s,
         "prefill_vs_generation_speed": gen["single_s"] / prefill_single_s,
+        "prefill_gflops": prefill_gflops,
+        "matmul_peak_gflops": peak_gflops,
+        "prefill_share_of_matmul_peak": prefill_gflops / peak_gflops,
         "verify_ms_per_chunk": 1e3 * verify_s / n_proofs,
         "honest_worst_exp_mismatches": worst,
         "checks_ms_per_token": 1e3 * (validate_s - prefill_s) / tokens,
