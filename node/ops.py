@@ -351,19 +351,38 @@ async def challenge(c: ChainClient, pool_id: int, work_key: str, evidence: str) 
     )
 
 
+def draw_gas(validators: int, committee_size: int) -> int:
+    """The gas limit a committee draw gets at least: a bound on the whole draw for a set of `validators`
+    and a committee of up to `committee_size` (each member a fresh storage slot)."""
+    return 60_000 + 2_000 * validators + 30_000 * min(committee_size, validators)
+
+
 async def draw_committee(c: ChainClient, pool_id: int, work_key: str, opened_at: int | None = None) -> Receipt:
     """Draw the committee of an appeal or a challenge, from the pool's validators as they were when it
     opened (read at block `opened_at`, the block of its `WorkAppealed` / `WorkChallenged` event; None:
-    the current set, right when nothing changed since)."""
+    the current set, right when nothing changed since). The draw needs the hash of the block the
+    dispute opened in; sent while that block is the newest, it is mined in a later one and draws
+    there, but a gas estimate at the newest block (geth's default) sees the contract's early return,
+    so the limit is at least `draw_gas`."""
     tag = hex(opened_at) if opened_at is not None else "latest"
     validators = list(await c.call("PoolManager", "validatorsOf", pool_id, block=tag))
+    size = int((await c.call("PoolManager", "disputeTerms", pool_id))["committeeSize"])
+    key = bytes32(work_key, "work key")
+    floor = draw_gas(len(validators), size)
     return await c.transact(
-        "WorkLedger", "drawCommittee", pool_id, bytes32(work_key, "work key"), validators, what="committee draw"
+        "WorkLedger", "drawCommittee", pool_id, key, validators, what="committee draw", min_gas=floor
     )
 
 
+#: The gas limit a committee vote gets at least: enough for the vote that decides the dispute (the
+#: slash, the bonds, the bounty: about 225k gas, four times a vote that does not). Its estimate sees
+#: the votes mined so far; another juror's vote mined before ours makes ours the deciding one.
+VOTE_GAS = 350_000
+
+
 async def vote(c: ChainClient, pool_id: int, work_key: str, uphold: bool) -> Receipt:
-    return await c.transact("WorkLedger", "vote", pool_id, bytes32(work_key, "work key"), uphold, what="committee vote")
+    key = bytes32(work_key, "work key")
+    return await c.transact("WorkLedger", "vote", pool_id, key, uphold, what="committee vote", min_gas=VOTE_GAS)
 
 
 async def resolve_lapsed(c: ChainClient, pool_id: int, work_key: str) -> Receipt:

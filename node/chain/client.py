@@ -145,11 +145,17 @@ class ChainClient:
             ) from None
 
     async def transact(
-        self, contract: str, fn: str, *args: Any, what: str | None = None, gas: int | None = None
+        self,
+        contract: str,
+        fn: str,
+        *args: Any,
+        what: str | None = None,
+        gas: int | None = None,
+        min_gas: int = 0,
     ) -> Receipt:
         f = abi.load(contract).fn(fn)
         return await self._require_sender().send(
-            self.contract(contract), f.encode(args), what=what or f"{contract}.{fn}", gas=gas
+            self.contract(contract), f.encode(args), what=what or f"{contract}.{fn}", gas=gas, min_gas=min_gas
         )
 
     def decode_logs(self, logs: list[dict[str, Any]]) -> list[abi.DecodedEvent]:

@@ -165,13 +165,21 @@ class TxSender:
         return self._nonce
 
     async def send(
-        self, to: str | None, data: str, *, value: int = 0, gas: int | None = None, what: str = "transaction"
+        self,
+        to: str | None,
+        data: str,
+        *,
+        value: int = 0,
+        gas: int | None = None,
+        min_gas: int = 0,
+        what: str = "transaction",
     ) -> Receipt:
         """Preflight, sign, broadcast, wait for the receipt (replacing the transaction with higher fees
         while it is not mined). Raises `ContractRevert` if the call would revert (nothing is sent),
         `InsufficientFunds`, `TxTimeout` (the hash is in the error), or `ContractRevert` if it
-        reverted on chain."""
-        gas_limit = gas if gas is not None else await self.estimate(to, data, value, what)
+        reverted on chain. The gas limit is `gas`, or the estimate but at least `min_gas` (for a call
+        another party's transaction can put on a dearer path between the estimate and the block)."""
+        gas_limit = gas if gas is not None else max(min_gas, await self.estimate(to, data, value, what))
         async with self._lock:
             max_fee, tip = await self._fees()
             need = gas_limit * max_fee + value
