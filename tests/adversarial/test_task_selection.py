@@ -169,7 +169,9 @@ async def test_waiting_for_the_policy_to_move_past_a_task_draws_no_new_seed_nor_
             await net2.connect(addrs[0])
 
             async def ask(n: PoolNetwork, version: int) -> dict[str, Any]:
-                raw = await n.node.request(peer, protocol.TASK_PROTOCOL, protocol.pack({"version": version}), timeout=30)
+                raw = await n.node.request(
+                    peer, protocol.TASK_PROTOCOL, protocol.pack({"version": version}), timeout=30
+                )
                 return protocol.reply_body(raw, "task")
 
             async def task(n: PoolNetwork, version: int) -> protocol.Task:
