@@ -10,13 +10,13 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, TypeVar
 
 import click
-import trio
 from eth_account.signers.local import LocalAccount
 
 from node import keys
 from node.chain import ChainClient, ChainError, Deployment
 from node.chain.deployment import DEFAULT_DEPLOYMENT, NETWORKS
 from node.errors import ConfigError
+from node.runtime import run_trio
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -101,7 +101,7 @@ def receipt(r: Any) -> dict[str, Any]:
 
 
 def run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-    return trio.run(fn, *args)
+    return run_trio(fn, *args)
 
 
 def output(settings: Settings, data: dict[str, Any], human: str | list[str]) -> None:

@@ -9,9 +9,9 @@ import json
 import logging
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -20,6 +20,38 @@ from .protocol import ProtocolError
 from .store import DISK_FULL, StoreError
 
 log = logging.getLogger("intellect")
+
+T = TypeVar("T")
+
+
+def run_trio(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """`trio.run`, with Ctrl-C raised as one `KeyboardInterrupt`, as a command's caller expects: trio
+    delivers it inside the main task, so it leaves a nursery wrapped in an exception group (beside the
+    `Cancelled` of its siblings). A group without one is raised as it is."""
+    try:
+        return trio.run(fn, *args)
+    except BaseExceptionGroup as group:
+        if any(isinstance(e, KeyboardInterrupt) for e in leaves(group)):
+            raise KeyboardInterrupt from group
+        raise
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM stops a command as Ctrl-C does, through its `finally` blocks (a devnet's stop its
+    daemons and anvil). It is passed on as SIGINT, not raised as `KeyboardInterrupt` where it lands:
+    inside a trio run, trio's own SIGINT handler delivers it where it is safe. Raised at whatever
+    bytecode the signal arrived, also inside trio's loop, it abandoned the run half-way; the garbage
+    collector then closed its coroutines outside trio, whose cleanup raised sniffio's
+    `AsyncLibraryNotFoundError` (httpcore) or "must be called from async context" (trio's cancel
+    scopes). A process started with SIGINT ignored (a background job of a script) gets Python's
+    handler for it, or SIGTERM would be ignored too. Daemons use `until_signal` instead."""
+    if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _sigterm_as_sigint)
+
+
+def _sigterm_as_sigint(signum: int, frame: Any) -> None:
+    signal.raise_signal(signal.SIGINT)
 
 
 def run_daemon(daemon: Any, metrics: Any, metrics_addr: tuple[str, int] | None, what: str, data_dir: Path) -> None:

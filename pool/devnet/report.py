@@ -12,6 +12,7 @@ from node import ops
 from node.chain import ChainClient
 from node.chain.abi import topic
 from node.chain.messages import tokens
+from node.runtime import run_trio
 
 from .procs import Proc
 from .setup import DevnetOptions, Roles, resolve_train
@@ -178,7 +179,7 @@ def chain_summary(url: str, opts: DevnetOptions, roles: Roles, pool_id: int, dep
         finally:
             await c.aclose()
 
-    pinfo = trio.run(info)
+    pinfo = run_trio(info)
     return {
         "rpc_url": url,
         "chain_id": dep.chain_id,

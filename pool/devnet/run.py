@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from node.chain import ChainClient, Deployment
 from node.chain.anvil import Anvil, advance_time, free_port
 from node.chain.rpc import RpcClient
 from node.errors import IntellectError
+from node.runtime import run_trio, stop_on_sigterm
 
 from .procs import Proc, cli_argv, make_procs, poll_status, status_line, stop_all
 from .report import build_report, chain_summary, check_outcome, decide_disputes, dispute_summary, print_summary
@@ -163,15 +163,9 @@ async def explorer_agrees(client: httpx.AsyncClient, url: str, pool_id: int, rep
     return {"url": url, "block": seen.get("block"), "matches_audit": bool(seen) and same}
 
 
-#: Seconds an accusation is given for its provider's worker to appeal before the chain is fast-forwarded
-#: (workers look every `claim_every`, 5 s).
-def _terminate(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt  # unwinds through the `finally` blocks that stop the daemons and anvil
-
-
 def run_devnet(opts: DevnetOptions) -> dict[str, Any]:
     opts = resolve_train(opts)
-    signal.signal(signal.SIGTERM, _terminate)
+    stop_on_sigterm()
     opts.workdir.mkdir(parents=True, exist_ok=True)
     port = opts.port or free_port()
     say = (lambda m: None) if opts.as_json else (lambda m: click.echo(m))
@@ -183,11 +177,11 @@ def run_devnet(opts: DevnetOptions) -> dict[str, Any]:
         say(f"anvil running on {anvil.url} (chain id {opts.chain_id})")
         if not opts.train:
             say("training is off (--train turns it on; a SmolLM2 policy step takes minutes on a CPU)")
-        made = trio.run(create_pool, anvil.url, opts, roles, say, bootstrap)
+        made = run_trio(create_pool, anvil.url, opts, roles, say, bootstrap)
         pool_id = made["pool"]
         dep = made["deployment"]
         if opts.chain_only:
-            trio.run(join_one_node, anvil.url, dep, roles, pool_id, say)
+            run_trio(join_one_node, anvil.url, dep, roles, pool_id, say)
             summary = chain_summary(anvil.url, opts, roles, pool_id, dep)
         else:
             procs = make_procs(opts, anvil.url, roles, pool_id, coord_port)
@@ -197,7 +191,7 @@ def run_devnet(opts: DevnetOptions) -> dict[str, Any]:
             try:
                 for p in procs:
                     p.start()
-                report = trio.run(orchestrate, anvil.url, opts, roles, pool_id, procs, say)
+                report = run_trio(orchestrate, anvil.url, opts, roles, pool_id, procs, say)
             finally:
                 stop_all(procs)
             report["seconds"] = round(time.monotonic() - started, 1)
@@ -231,7 +225,7 @@ def run_devnet(opts: DevnetOptions) -> dict[str, Any]:
                         time.sleep(3600)
                 else:
                     say(f"the pool's explorer keeps running at {summary['explorer']['after']}")
-                    trio.run(keep_explorer, anvil.url, opts, pool_id, after, procs[0].status)
+                    run_trio(keep_explorer, anvil.url, opts, pool_id, after, procs[0].status)
             except KeyboardInterrupt:
                 say("stopping")
         if not opts.chain_only and summary["problems"]:

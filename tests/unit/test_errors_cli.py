@@ -190,3 +190,32 @@ def test_a_daemon_that_cannot_start_on_its_data_dir_says_so_in_one_line(
 
     monkeypatch.setattr(DAEMON_STATE[daemon], full)
     assert "out of disk space" in start(tmp_path / "d")
+
+
+def test_ctrl_c_inside_a_trio_run_leaves_as_one_keyboard_interrupt() -> None:
+    """trio delivers Ctrl-C inside the main task, so it leaves a nursery in an exception group; the CLI
+    (`entry`: "interrupted", 130) and the devnet's `finally` blocks expect one `KeyboardInterrupt`."""
+    import trio
+
+    from node.runtime import run_trio
+
+    async def interrupted() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.sleep_forever)
+            raise KeyboardInterrupt
+
+    async def failed() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.sleep_forever)
+            raise ValueError("boom")
+
+    with pytest.raises(KeyboardInterrupt):
+        run_trio(interrupted)
+    with pytest.raises(BaseExceptionGroup) as group:  # anything else is left as it was raised
+        run_trio(failed)
+    assert isinstance(group.value.exceptions[0], ValueError)
+
+    async def answer() -> int:
+        return 42
+
+    assert run_trio(answer) == 42
