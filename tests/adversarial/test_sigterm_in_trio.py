@@ -12,6 +12,7 @@ background job), where passing SIGTERM on as SIGINT must still stop it."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -72,3 +73,51 @@ def test_sigterm_stops_a_trio_run_without_abandoning_it(sigint: str) -> None:
         assert "stopped" in out, (out, err)
         for sign in ("Exception ignored", "AsyncLibraryNotFoundError", "abandoned", "async context"):
             assert sign not in err, err
+
+
+def processes_naming(text: str) -> list[str]:
+    """Command lines of this machine's live processes that contain `text` (a test's own folder)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if entry.name.isdigit() and text in cmd:
+            found.append(cmd)
+    return found
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_running_devnet_stops_every_role_cleanly(tmp_path: Path) -> None:
+    """The reported case itself: a real `intellect-node devnet` stopped by SIGTERM while its
+    orchestration polls the roles over HTTP (as a harness's timeout does). It stops its daemons and anvil,
+    says so in one line, exits 130, and nothing is closed outside trio."""
+    pytest.importorskip("vllm")
+    folder = tmp_path / "dn"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INTELLECT_")}
+    out = tmp_path / "out.txt"
+    with open(out, "w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-X", "dev", "-m", "cli.main", "devnet", "--model", "tiny", "--honest", "--steps", "1",
+             "--dir", str(folder), "--timeout", "300"],
+            stdout=sink, stderr=subprocess.STDOUT, text=True, env=env, cwd=str(REPO_ROOT),
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while "workers generating" not in out.read_text():
+            assert proc.poll() is None, out.read_text()[-4000:]
+            assert time.monotonic() < deadline, out.read_text()[-4000:]
+            time.sleep(0.5)
+        time.sleep(2.0)  # a few polls of the roles' status pages: live HTTP connections in the run
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    text = out.read_text()
+    assert code == 130 and text.rstrip().endswith(("aborted", "interrupted")), (code, text[-4000:])
+    for sign in ("Traceback", "Exception ignored", "AsyncLibraryNotFoundError", "abandoned", "async context"):
+        assert sign not in text, text[-6000:]
+    assert processes_naming(str(folder)) == []  # every role and anvil stopped with it
