@@ -110,6 +110,10 @@ class Anvil:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+            except KeyboardInterrupt:  # a second Ctrl-C while it stops: never leave it running
+                self.proc.kill()
+                self.proc.wait(5)
+                raise
         self.proc = None
 
     def __enter__(self) -> Anvil:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -60,18 +61,30 @@ class Proc:
 
 
 def stop_all(procs: list[Proc], timeout: float = 20.0) -> None:
-    """SIGTERM every process at once, wait for all (bounded), SIGKILL the rest."""
-    for p in procs:
-        if p.alive() and p.popen is not None:
-            p.popen.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        if p.popen is None:
-            continue
-        try:
-            p.popen.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill9()
+    """SIGTERM every process at once, wait for all (bounded), SIGKILL the rest. A second Ctrl-C or
+    SIGTERM while it waits kills the rest at once: they run in sessions of their own, so nothing else
+    would stop them."""
+    try:
+        for p in procs:
+            if p.alive() and p.popen is not None:
+                p.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            if p.popen is None:
+                continue
+            try:
+                p.popen.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill9()
+    except KeyboardInterrupt:
+        for p in procs:
+            if p.alive() and p.popen is not None:
+                os.killpg(p.popen.pid, signal.SIGKILL)
+        for p in procs:
+            if p.popen is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.popen.wait(5)  # reaped: a killed process is gone at once
+        raise
 
 
 def cli_argv(*args: str) -> list[str]:
