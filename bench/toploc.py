@@ -142,22 +142,29 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     prefill_bf16_s = time.perf_counter() - t0
     del fast
     # how close the prefill runs to this machine's matrix-multiply peak: its weight FLOPs (2 per weight
-    # per token fed, embeddings excluded) per second, against a plain matmul of the model's shape
-    weights = sum(p.numel() for n, p in validator.model.named_parameters() if "embed_tokens" not in n)
+    # per position fed through the layers, 2 per head weight per completion row: the head runs only
+    # there; embeddings are a lookup) per second, against a plain matmul of the model's shape
+    head = validator.hidden_size * validator.vocab_size  # the output layer, tied to the embeddings or not
+    body = sum(
+        p.numel() for n, p in validator.model.named_parameters() if "embed_tokens" not in n and "lm_head" not in n
+    )
     whole = sum(len(c.prompt_tokens) + len(c.tokens) - 1 for c in completions)  # what generation feeds
     fed = whole  # the prefill feeds each group's prompt once where it shares them (fp32's default)
     if validator.share_prompts:
         fed = sum(len(p) for p in {tuple(c.prompt_tokens) for c in completions}) + sum(
             len(c.tokens) - 1 for c in completions
         )
-    prefill_gflops = 2 * weights * fed / prefill_s / 1e9
+    prefill_flops = 2 * (body * fed + head * tokens)
+    prefill_gflops = prefill_flops / prefill_s / 1e9
     peak_gflops = matmul_gflops(validator.hidden_size, torch.float32)
     peak_bf16_gflops = matmul_gflops(validator.hidden_size, torch.bfloat16)
-    # Generation does the same weight FLOPs per token as the prefill (no prefix caching on CPU): where
-    # it runs near this machine's matmul peak (batched decoding of a model this size is compute-bound
-    # on a CPU, memory-bound on a GPU), no prefill can cost much less than it. The floors: the
-    # prefill's weight FLOPs at the machine's fp32 / bf16 matmul peak, against the generation's time.
-    generation_gflops = 2 * weights * whole / gen["batched_s"] / 1e9
+    # Generation does the same weight FLOPs per token as the prefill (no prefix caching on CPU; the head
+    # once per generated token): where it runs near this machine's matmul peak (batched decoding of a
+    # model this size is compute-bound on a CPU, memory-bound on a GPU), no prefill can cost much less.
+    # The floors: the prefill's weight FLOPs at the machine's fp32 / bf16 (whole pass) matmul peak,
+    # against the generation's time.
+    generation_flops = 2 * (body * whole + head * tokens)
+    generation_gflops = generation_flops / gen["batched_s"] / 1e9
     t0 = time.perf_counter()
     worst = max(ch.exp_mismatches for p, pr in zip(pre, proofs, strict=True) for ch in verify_proofs(p.hidden, pr))
     verify_s = time.perf_counter() - t0
@@ -208,8 +215,8 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         "matmul_peak_gflops": peak_gflops,
         "prefill_share_of_matmul_peak": prefill_gflops / peak_gflops,
         "generation_gflops": generation_gflops,
-        "prefill_cost_floor": 2 * weights * fed / peak_gflops / 1e9 / gen["batched_s"],
-        "prefill_bf16_cost_floor": 2 * weights * whole / peak_bf16_gflops / 1e9 / gen["batched_s"],
+        "prefill_cost_floor": prefill_flops / peak_gflops / 1e9 / gen["batched_s"],
+        "prefill_bf16_cost_floor": generation_flops / peak_bf16_gflops / 1e9 / gen["batched_s"],
         "verify_ms_per_chunk": 1e3 * verify_s / n_proofs,
         "honest_worst_exp_mismatches": worst,
         "checks_ms_per_token": 1e3 * (validate_s - prefill_s) / tokens,

@@ -27,11 +27,13 @@ T = TypeVar("T")
 def run_trio(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     """`trio.run`, with Ctrl-C raised as one `KeyboardInterrupt`, as a command's caller expects: trio
     delivers it inside the main task, so it leaves a nursery wrapped in an exception group (beside the
-    `Cancelled` of its siblings). A group without one is raised as it is."""
+    `Cancelled` of its siblings). A group with any other error in it is raised as it is: a failure that
+    came with the interrupt is shown, not hidden behind "interrupted"."""
     try:
         return trio.run(fn, *args)
     except BaseExceptionGroup as group:
-        if any(isinstance(e, KeyboardInterrupt) for e in leaves(group)):
+        errors = [e for e in leaves(group) if not isinstance(e, trio.Cancelled)]
+        if errors and all(isinstance(e, KeyboardInterrupt) for e in errors):
             raise KeyboardInterrupt from group
         raise
 

@@ -86,6 +86,14 @@ class Anvil:
             cmd += ["--number", str(self.genesis_number)]
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            return self._wait_ready(timeout)
+        except BaseException:  # Ctrl-C or SIGTERM while it starts: `with Anvil()` never reaches its exit
+            self.stop()
+            raise
+
+    def _wait_ready(self, timeout: float) -> Anvil:
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -99,7 +107,6 @@ class Anvil:
             except httpx.TransportError:
                 pass
             time.sleep(0.03)
-        self.stop()
         raise ChainError(f"anvil did not answer on {self.url} within {timeout:.0f} s")
 
     def stop(self) -> None:

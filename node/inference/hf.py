@@ -7,15 +7,35 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    pass
-
-
 from .types import _TORCH_DTYPES, Completion, DType, Prefill, SamplingSpec
+
+#: Architectures whose attention is plain causal attention over every earlier position, with rotary
+#: positions taken from the position ids: a prompt's keys and values are the same fed alone or whole.
+FULL_ATTENTION_MODELS = frozenset({"llama", "qwen2", "qwen3"})
+#: Rotary scalings fixed at load time. Dynamic NTK and longrope change the frequencies with the
+#: sequence's length, so a prompt fed alone would be rotated otherwise than in the whole sequence.
+STATIC_ROPE = frozenset({"default", "linear", "llama3"})
+
+
+def prompt_sharing_safe(config: Any) -> bool:
+    """Whether `HfPrefill` may feed a shared prompt once (`_prefill_shared`) for a model with this
+    transformers `config`: a known full-attention architecture, no sliding window in any layer (its mask
+    follows cache indices, which a padded prompt shifts, and its cache keeps only the window: wrong
+    log-probs, then a crash, seen on Mistral, Qwen2 and Gemma-3 configurations) and static rotary
+    frequencies. Anything else is fed whole, as before."""
+    if getattr(config, "model_type", None) not in FULL_ATTENTION_MODELS:
+        return False
+    if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True) is not False:
+        return False
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
+        return False
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    kinds = [rope] if "rope_type" in rope or "type" in rope or not rope else list(rope.values())
+    return all(isinstance(k, dict) and k.get("rope_type", k.get("type", "default")) in STATIC_ROPE for k in kinds)
 
 
 class HfPrefill:
@@ -43,10 +63,14 @@ class HfPrefill:
         self.vocab_size = int(self.model.config.vocab_size)
         # A prompt shared by several completions (a task's group) is fed once and its keys and values
         # reused (`_prefill_shared`): 1.3-1.4x faster on a file of groups of 4. Its rounding differs from
-        # the whole-sequence pass as much as another batch composition does: ~1e-5 in a logprob in fp32,
-        # where the honest replay gaps are 0, but up to ~0.08 in bf16, where the shipped replay margin
-        # (0.143) was measured without it against an honest worst of 0.118. So fp32 only, by default.
-        self.share_prompts = self.dtype == torch.float32 if share_prompts is None else share_prompts
+        # the whole-sequence pass as much as another batch composition does: up to ~5e-5 in a logprob in
+        # fp32, where the honest replay gaps are 0, but up to ~0.08 in bf16, where the shipped replay
+        # margin (0.143) was measured without it against an honest worst of 0.118. So fp32 only, by
+        # default, and only for models where it is the same computation (`prompt_sharing_safe`).
+        safe = prompt_sharing_safe(self.model.config)
+        if share_prompts and not safe:
+            raise ValueError(f"{model_dir}: a prompt's keys and values computed alone would differ from the whole pass")
+        self.share_prompts = safe and self.dtype == torch.float32 if share_prompts is None else share_prompts
 
     @torch.inference_mode()
     def prefill(self, prompt_tokens: Sequence[int], completion_tokens: Sequence[int]) -> Prefill:

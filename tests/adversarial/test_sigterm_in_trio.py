@@ -126,3 +126,23 @@ def test_sigterm_to_a_running_devnet_stops_every_role_cleanly(tmp_path: Path, si
     for sign in ("Traceback", "Exception ignored", "AsyncLibraryNotFoundError", "abandoned", "async context"):
         assert sign not in text, text[-6000:]
     assert processes_naming(str(folder)) == []  # every role and anvil stopped with it
+
+
+def test_ctrl_c_while_anvil_starts_leaves_no_anvil_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C (or SIGTERM, passed on as SIGINT) landing while `with Anvil()` waits for it to answer:
+    `__exit__` never runs, since `__enter__` did not return, and anvil was left running."""
+    from node.chain import anvil
+
+    started: list[int] = []
+
+    def interrupted(self: anvil.Anvil, timeout: float) -> anvil.Anvil:
+        assert self.proc is not None
+        started.append(self.proc.pid)
+        raise KeyboardInterrupt  # where a signal lands while anvil is not answering yet
+
+    monkeypatch.setattr(anvil.Anvil, "_wait_ready", interrupted)
+    chain = anvil.Anvil()
+    with pytest.raises(KeyboardInterrupt), chain:
+        pass
+    assert started and chain.proc is None
+    assert not Path(f"/proc/{started[0]}").exists()  # stopped and reaped

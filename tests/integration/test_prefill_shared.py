@@ -71,3 +71,45 @@ def test_bf16_keeps_the_whole_pass_by_default(tiny_model: Path) -> None:
     and the shipped replay margin was measured on the whole pass: not shared unless asked for."""
     assert not HfPrefill(tiny_model, dtype="bfloat16").share_prompts
     assert HfPrefill(tiny_model, dtype="bfloat16", share_prompts=True).share_prompts
+
+
+def test_sharing_only_where_a_prompt_alone_is_the_same_computation() -> None:
+    """`prompt_sharing_safe`: full-attention Llama/Qwen with static rotary positions only. A sliding
+    window (its mask follows cache indices, which a padded prompt shifts; its cache keeps only the
+    window) or length-dependent rotary frequencies (dynamic NTK) would give other log-probs."""
+    from transformers import Gemma3TextConfig, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
+
+    from node.inference.hf import prompt_sharing_safe
+
+    assert prompt_sharing_safe(LlamaConfig()) and prompt_sharing_safe(Qwen2Config())
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "rope_theta": 5e5, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 1024}  # fmt: skip
+    assert prompt_sharing_safe(LlamaConfig(rope_parameters=llama3))
+    assert not prompt_sharing_safe(
+        LlamaConfig(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})
+    )
+    assert not prompt_sharing_safe(MistralConfig(sliding_window=16))
+    assert not prompt_sharing_safe(Qwen2Config(use_sliding_window=True, sliding_window=16, max_window_layers=1))
+    assert not prompt_sharing_safe(Gemma3TextConfig())  # sliding layers
+    assert not prompt_sharing_safe(GPT2Config())  # an architecture not known to be safe
+
+
+def test_a_sliding_window_model_is_fed_whole(tmp_path: Path) -> None:
+    """A pool may name any model folder. On a sliding-window model (window 16) a shared prompt gave
+    log-probs 0.3-0.5 off for the shorter of two prompts: such a model is fed whole, and asking for
+    sharing is refused."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=16)  # fmt: skip
+    MistralForCausalLM(config).save_pretrained(tmp_path / "sw16")
+    prefill = HfPrefill(tmp_path / "sw16", dtype="float32")
+    assert not prefill.share_prompts
+    with pytest.raises(ValueError, match="whole pass"):
+        HfPrefill(tmp_path / "sw16", dtype="float32", share_prompts=True)
+    rng = random.Random(0)
+    short, long = [rng.randrange(3, 512) for _ in range(4)], [rng.randrange(3, 512) for _ in range(10)]
+    pairs = [(p, [rng.randrange(3, 512) for _ in range(20)]) for p in (short, short, long, long)]
+    for (p, c), got in zip(pairs, prefill.prefill_many(pairs), strict=True):
+        assert float((got.logprobs - prefill.prefill(p, c).logprobs).abs().max()) < 1e-5

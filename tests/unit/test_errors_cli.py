@@ -215,6 +215,18 @@ def test_ctrl_c_inside_a_trio_run_leaves_as_one_keyboard_interrupt() -> None:
         run_trio(failed)
     assert isinstance(group.value.exceptions[0], ValueError)
 
+    async def failed_as_interrupted() -> None:
+        async def fail() -> None:
+            raise RuntimeError("a role failed")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fail)
+            raise KeyboardInterrupt
+
+    with pytest.raises(BaseExceptionGroup) as group:  # a failure beside the interrupt is shown, not hidden
+        run_trio(failed_as_interrupted)
+    assert {type(e) for e in group.value.exceptions} == {RuntimeError, KeyboardInterrupt}
+
     async def answer() -> int:
         return 42
 
