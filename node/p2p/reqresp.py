@@ -162,6 +162,12 @@ class RequestsMixin:
                         # body the muxer has buffered (up to its window) instead of holding it till close.
                         await _refuse(stream, str(exc))
                         return
+                    except trio.TooSlowError:
+                        # The request did not arrive in time: counted, never logged (anyone may open
+                        # streams that stall, and a log line each would let them fill the disk).
+                        self.requests_refused["slow"] += 1
+                        await _reset(stream)
+                        return
                     try:
                         response = await handler(request, sender)
                         reply = bytes([_STATUS_OK]) + _frame(response)

@@ -25,7 +25,8 @@ def _key() -> bytes:
     return bytes(Account.create().key)
 
 
-async def test_oversized_stalled_and_too_many_requests_are_bounded() -> None:
+async def test_oversized_stalled_and_too_many_requests_are_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="node.p2p.reqresp")
     async with AsyncExitStack() as stack:
         server = await stack.enter_async_context(P2PNode(private_key=_key()))
         attacker = await stack.enter_async_context(P2PNode(private_key=_key()))
@@ -64,6 +65,9 @@ async def test_oversized_stalled_and_too_many_requests_are_bounded() -> None:
             while server._streams_in_progress.get(attacker.address):
                 await trio.sleep(0.2)
         assert await attacker.request(server.peer_id, PROTO, b"again", timeout=5) == b"ok again"
+        # each stalled request is counted, and none costs a log line: anyone can stall as many as it likes
+        assert 0 < server.requests_refused["slow"] <= MAX_STREAMS_PER_PEER, server.requests_refused
+        assert [r.getMessage() for r in caplog.records if r.levelno >= 20 and r.name == "node.p2p.reqresp"] == []
 
 
 def _rss_mib() -> float:
