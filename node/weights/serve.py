@@ -29,6 +29,7 @@ IDLE_TIMEOUT = 30.0  # waiting for (the rest of) a request head
 HEAD_TIMEOUT = 10.0  # for a whole request head, once its first byte may come (slowloris)
 RELAY_RESERVED = 32  # connection slots only known relays may take
 MEMBER_RESERVED = 64  # connection slots kept for the addresses the pool's members connect from
+KEEPALIVE_LIFETIME = 300.0  # no new request on a connection older than this: a client asks again
 SEND_STALL_TIMEOUT = 30.0  # one chunk not accepted by the peer for this long: drop the connection
 SHARD_WAIT = 60.0  # a relay waits this long for a shard still being fetched before answering 503
 SEND_CHUNK = 128 * 1024
@@ -182,6 +183,15 @@ async def _respond(
     await _send_json(stream, conn, 404, {"error": "not found"})
 
 
+def _announces_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a request head announces a body (GET and HEAD take none): any transfer coding, or a
+    length other than 0."""
+    for name, value in headers:
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0"):
+            return True
+    return False
+
+
 async def _serve_connection(
     stream: trio.SocketStream,
     store: WeightStore,
@@ -191,19 +201,21 @@ async def _serve_connection(
 ) -> None:
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
     peer = httpd.peer_ip(stream) if relay_hosts is not None else ""
+    opened = trio.current_time()
     try:
         for _ in range(MAX_REQUESTS_PER_CONNECTION):
             try:
                 ev = await httpd.read_request(stream, conn, HEAD_TIMEOUT, IDLE_TIMEOUT)
                 if not isinstance(ev, h11.Request):
                     return
-                while True:  # GET requests: any body is read and discarded, bounded
+                if _announces_body(ev.headers):  # a chunked body could trickle its chunk headers for days
+                    await _send_json(stream, conn, 413, {"error": "no request body expected"})
+                    return
+                with trio.fail_after(HEAD_TIMEOUT):  # the end of a body-less request: at once
                     part = await httpd.next_event(stream, conn, IDLE_TIMEOUT)
-                    if isinstance(part, h11.EndOfMessage):
-                        break
-                    if not isinstance(part, h11.Data) or len(part.data) > 0:
-                        await _send_json(stream, conn, 413, {"error": "no request body expected"})
-                        return
+                if not isinstance(part, h11.EndOfMessage):
+                    await _send_json(stream, conn, 413, {"error": "no request body expected"})
+                    return
                 high = any(k == RELAY_HEADER and v == b"1" for k, v in ev.headers) and (
                     relay_hosts is None or peer in relay_hosts()
                 )
@@ -213,6 +225,8 @@ async def _serve_connection(
                     await _send_json(stream, conn, exc.error_status_hint, {"error": "bad request"})
                 return
             if conn.our_state is h11.MUST_CLOSE or conn.their_state is not h11.DONE:
+                return
+            if trio.current_time() > opened + KEEPALIVE_LIFETIME:  # its slot goes back to the accept loop
                 return
             conn.start_next_cycle()
     except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, h11.LocalProtocolError, OSError):

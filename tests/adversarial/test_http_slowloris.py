@@ -124,3 +124,54 @@ async def test_outsiders_that_fill_the_origin_do_not_lock_members_out(tmp_path: 
         for s in held:
             await trio.aclose_forcefully(s)
         nursery.cancel_scope.cancel()
+
+
+async def _read_until_closed(stream: trio.SocketStream, seconds: float) -> bytes:
+    """What the server sends until it closes the connection; marked "...still open" if `seconds` pass first."""
+    got = b""
+    with trio.move_on_after(seconds):
+        while True:
+            try:
+                data = await stream.receive_some(65536)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                return got
+            if not data:
+                return got
+            got += data
+    return got + b"...still open"
+
+
+@pytest.mark.parametrize("body", [b"Transfer-Encoding: chunked\r\n\r\n0;", b"Content-Length: 100\r\n\r\nx"])
+async def test_a_request_body_cannot_hold_a_weight_server_slot(tmp_path: Path, body: bytes) -> None:
+    """After a complete head, a chunked body whose chunk header trickles one byte at a time (each read
+    under the idle timeout, and past the head deadline) held its connection for days. A GET announcing
+    any body is answered 413 at once and the connection closed."""
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(functools.partial(serve_weights, WeightStore(tmp_path / "w"), "127.0.0.1", 0))
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /versions HTTP/1.1\r\nHost: x\r\n" + body)
+        answer = await _read_until_closed(stream, 3.0)
+        assert answer.startswith(b"HTTP/1.1 413") and not answer.endswith(b"still open"), answer
+        await trio.aclose_forcefully(stream)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_keep_alive_connection_is_not_held_for_ever(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client sending one small request just under the idle timeout kept its slot for up to 10,000
+    requests: past `KEEPALIVE_LIFETIME` the connection is closed after its current answer."""
+    from node.weights import serve
+
+    monkeypatch.setattr(serve, "KEEPALIVE_LIFETIME", 1.0)
+    request = b"GET /versions HTTP/1.1\r\nHost: x\r\n\r\n"
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(functools.partial(serve_weights, WeightStore(tmp_path / "w"), "127.0.0.1", 0))
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(request)
+        with trio.fail_after(3):
+            assert (await stream.receive_some(65536)).startswith(b"HTTP/1.1 200")
+        await trio.sleep(1.2)
+        await stream.send_all(request)  # still answered, then closed
+        answer = await _read_until_closed(stream, 3.0)
+        assert answer.startswith(b"HTTP/1.1 200") and not answer.endswith(b"still open"), answer
+        await trio.aclose_forcefully(stream)
+        nursery.cancel_scope.cancel()
