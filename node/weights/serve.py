@@ -30,7 +30,8 @@ HEAD_TIMEOUT = 10.0  # for a whole request head, once its first byte may come (s
 RELAY_RESERVED = 32  # connection slots only known relays may take
 MEMBER_RESERVED = 64  # connection slots kept for the addresses the pool's members connect from
 KEEPALIVE_LIFETIME = 300.0  # no new request on a connection older than this: a client asks again
-SEND_STALL_TIMEOUT = 30.0  # one chunk not accepted by the peer for this long: drop the connection
+SEND_STALL_TIMEOUT = 30.0
+SLOW_SEND = 1.0  # a relay's piece not sent within this: its transfer loses priority until its next piece  # one chunk not accepted by the peer for this long: drop the connection
 SHARD_WAIT = 60.0  # a relay waits this long for a shard still being fetched before answering 503
 SEND_CHUNK = 128 * 1024
 RELAY_HEADER = b"x-weights-relay"  # "1" on a relay's upstream requests: served first under the cap
@@ -45,7 +46,8 @@ class RateLimiter:
     """A token bucket shared by every connection of one server: ``rate`` bytes/s, ``burst`` bytes deep.
 
     ``take(n, high=True)`` is for relay traffic (each byte a relay gets is fanned out again): while any
-    high-priority transfer is under way, ordinary ones wait for it (strict priority, work-conserving).
+    high-priority transfer is under way (see `_send_file`: one whose sends stall loses that), ordinary
+    ones wait for it (strict priority, work-conserving).
     """
 
     def __init__(self, rate: float, burst: int = 256 * 1024) -> None:
@@ -109,6 +111,10 @@ async def _send_json(stream: trio.SocketStream, conn: h11.Connection, status: in
 async def _send_file(
     stream: trio.SocketStream, conn: h11.Connection, path: Path, limiter: RateLimiter | None, high: bool
 ) -> None:
+    """A shard, in `SEND_CHUNK` pieces under the rate cap. A relay's transfer (`high`) has priority from
+    each piece's tokens until that piece is sent, but loses it while a send stalls past
+    `SLOW_SEND` (a relay that reads slowly, or not at all, takes no bandwidth: it must not hold back
+    everyone else's) and takes it again with its next piece."""
     data = path.read_bytes()  # at most one shard (bounded by the manifest's shard size)
     headers = [
         ("Content-Type", "application/octet-stream"),
@@ -117,20 +123,37 @@ async def _send_file(
     ]
     await _send(stream, conn, h11.Response(status_code=200, headers=headers))
     view = memoryview(data)
-    if limiter is not None and high:
-        limiter.begin_high()
+    marked = False
+
+    def unmark() -> None:
+        nonlocal marked
+        if marked and limiter is not None:
+            limiter.end_high()
+            marked = False
+
     try:
         for off in range(0, len(data), SEND_CHUNK):
             piece = view[off : off + SEND_CHUNK]
             if limiter is not None:
+                if high and not marked:
+                    limiter.begin_high()
+                    marked = True
                 await limiter.take(len(piece), high)
-            with trio.fail_after(SEND_STALL_TIMEOUT):
-                for out in conn.send_with_data_passthrough(h11.Data(data=piece)) or ():
-                    await stream.send_all(out)
+            async with trio.open_nursery() as nursery:
+                if marked:
+                    nursery.start_soon(_call_after, SLOW_SEND, unmark)
+                with trio.fail_after(SEND_STALL_TIMEOUT):
+                    for out in conn.send_with_data_passthrough(h11.Data(data=piece)) or ():
+                        await stream.send_all(out)
+                nursery.cancel_scope.cancel()
     finally:
-        if limiter is not None and high:
-            limiter.end_high()
+        unmark()
     await _send(stream, conn, h11.EndOfMessage())
+
+
+async def _call_after(seconds: float, fn: Callable[[], None]) -> None:
+    await trio.sleep(seconds)
+    fn()
 
 
 async def _respond(

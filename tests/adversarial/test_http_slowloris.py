@@ -167,11 +167,49 @@ async def test_a_keep_alive_connection_is_not_held_for_ever(tmp_path: Path, monk
         port = await nursery.start(functools.partial(serve_weights, WeightStore(tmp_path / "w"), "127.0.0.1", 0))
         stream = await trio.open_tcp_stream("127.0.0.1", port)
         await stream.send_all(request)
+        first = b""
         with trio.fail_after(3):
-            assert (await stream.receive_some(65536)).startswith(b"HTTP/1.1 200")
+            while not first.endswith(b"}"):  # the whole first answer, its JSON body last
+                first += await stream.receive_some(65536)
+        assert first.startswith(b"HTTP/1.1 200"), first
         await trio.sleep(1.2)
         await stream.send_all(request)  # still answered, then closed
         answer = await _read_until_closed(stream, 3.0)
         assert answer.startswith(b"HTTP/1.1 200") and not answer.endswith(b"still open"), answer
         await trio.aclose_forcefully(stream)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_relay_that_reads_slowly_does_not_freeze_the_origin(tmp_path: Path) -> None:
+    """A listed relay's transfer has priority under the origin's upload cap. One that asked for a shard
+    and then read nothing (or a little every 20 s, under the send-stall timeout) kept that priority for
+    its whole transfer, and every ordinary download waited: an honest client got 0 bytes in 45 s. A
+    relay's send that stalls loses priority until its next piece."""
+    import os
+
+    checkpoint = tmp_path / "model.safetensors"
+    checkpoint.write_bytes(os.urandom(8 << 20))
+    store = WeightStore(tmp_path / "w")
+    store.publish(checkpoint, 1, shard_size=4 << 20)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(
+            functools.partial(serve_weights, store, "127.0.0.1", 0, rate_limit_bytes_per_s=4e6,
+                              relay_hosts=lambda: {"127.0.0.3"})
+        )  # fmt: skip
+        sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        await sock.bind(("127.0.0.3", 0))
+        await sock.connect(("127.0.0.1", port))
+        relay = trio.SocketStream(sock)
+        await relay.send_all(b"GET /v/1/shard/0 HTTP/1.1\r\nHost: x\r\nx-weights-relay: 1\r\n\r\n")  # never read
+        await trio.sleep(1.0)
+
+        def honest() -> int:
+            with httpx.Client(timeout=10.0) as c:
+                return len(c.get(f"http://127.0.0.1:{port}/v/1/shard/1").content)
+
+        t0 = time.monotonic()
+        assert await trio.to_thread.run_sync(honest) == 4 << 20
+        print(f"\n[slow relay] an honest 4 MiB download took {time.monotonic() - t0:.1f} s")
+        await trio.aclose_forcefully(relay)
         nursery.cancel_scope.cancel()
