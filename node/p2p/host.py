@@ -87,6 +87,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_CONNECTIONS = 300
 COORDINATOR_MAX_CONNECTIONS = 4096
 RESERVED_OUTBOUND = 50
+INBOUND_UPGRADE_TIMEOUT = 5.0
 
 FD_HEADROOM = 256  # descriptors kept for files, databases and outbound HTTP besides the connections
 
@@ -230,6 +231,10 @@ class P2PNode(GateMixin, GossipMixin, DhtMixin, RequestsMixin):
                 low_watermark=RESERVED_OUTBOUND,
                 high_watermark=self.max_connections,
                 max_connections_per_peer=1,
+                # a connection that has not finished its Noise and muxer handshakes holds an inbound
+                # slot: 5 s is ample on a slow link (a few round trips), and frees slots twice as fast
+                # as the library's 10 s against peers that connect and never speak
+                inbound_upgrade_timeout=INBOUND_UPGRADE_TIMEOUT,
             ),
         )
 

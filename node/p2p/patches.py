@@ -189,11 +189,13 @@ if _PATCH_LIBP2P:
 # (a newer one may fix it differently); INTELLECT_LIBP2P_UNPATCHED=1 keeps the library's code (tests show
 # the difference). The same handler caps the inbound connections from one IP address.
 _original_inbound = _swarm_module.Swarm._do_handle_inbound_connection
-# Inbound connections (in their handshake or open) from one IP address, and from one /24 (IPv4) or /56
-# (IPv6) network: one host, NAT or rented subnet cannot take every inbound slot. New inbound connections
-# from one address are also rate-limited (each costs a Noise handshake): a token bucket per address (and
-# one four times larger per network), generous enough for a NAT full of workers reconnecting after a
-# coordinator restart.
+# Inbound connections (in their handshake or open) from one IP address (an IPv6 /64: one host's
+# addresses), and from one /24 (IPv4) or /56 (IPv6) network: one host, NAT or rented subnet cannot take
+# every inbound slot. The caps are these, or an 8th / a quarter of the host's inbound slots where that is
+# less (`inbound_caps`): with a fixed 64 / 256, one /24 took all 250 of a worker's or validator's slots.
+# New inbound connections from one address are also rate-limited (each costs a Noise handshake): a token
+# bucket per address (and one four times larger per network), generous enough for a NAT full of workers
+# reconnecting after a coordinator restart.
 MAX_INBOUND_PER_IP = 64
 MAX_INBOUND_PER_PREFIX = 256
 NEW_INBOUND_PER_SECOND = 100.0
@@ -215,11 +217,36 @@ def prefix_of(ip: str) -> str:
     return str(ipaddress.ip_network(f"{addr}/{bits}", strict=False))
 
 
+def host_of(ip: str) -> str:
+    """The key one host's connections are counted under: its IPv4 address, or its IPv6 /64 (a single
+    host is commonly given a whole /64, so counting single IPv6 addresses would cap nothing)."""
+    try:
+        addr: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(ip)
+    except ValueError:
+        return ip
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr.ipv4_mapped is not None:
+            return str(addr.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{addr}/64", strict=False))
+    return str(addr)
+
+
+def inbound_caps(slots: int) -> tuple[int, int]:
+    """The most inbound connections one host and one network may hold on a swarm with `slots` inbound
+    slots: `MAX_INBOUND_PER_IP` and `MAX_INBOUND_PER_PREFIX`, or an 8th and a quarter of the slots where
+    that is less (never under 4), so it takes four networks, not one, to fill them."""
+    per_ip = max(4, min(MAX_INBOUND_PER_IP, slots // 8))
+    return per_ip, max(per_ip, min(MAX_INBOUND_PER_PREFIX, slots // 4))
+
+
 def _admit_inbound(swarm: Any, ip: str) -> str | None:
     """Why a new inbound connection from `ip` is refused, or None (then counted in until
     `_release_inbound`)."""
     counts = _inbound_per_ip.setdefault(swarm, {})
     prefix = "net:" + prefix_of(ip)
+    ip = host_of(ip)
+    limiter = getattr(swarm, "_inbound_limiter", None)
+    per_ip_cap, per_prefix_cap = inbound_caps(int(limiter.total_tokens) if limiter is not None else 250)
     rate = _inbound_rate.get(swarm)
     if rate is None:
         rate = _inbound_rate[swarm] = SenderBudget(
@@ -232,9 +259,9 @@ def _admit_inbound(swarm: Any, ip: str) -> str | None:
     now = time.monotonic()
     if not rate.take(ip, "connect", now) or not rate.take(prefix, "connect-net", now):
         reason = "rate"
-    elif counts.get(ip, 0) >= MAX_INBOUND_PER_IP:
+    elif counts.get(ip, 0) >= per_ip_cap:
         reason = "per-ip"
-    elif counts.get(prefix, 0) >= MAX_INBOUND_PER_PREFIX:
+    elif counts.get(prefix, 0) >= per_prefix_cap:
         reason = "per-network"
     else:
         counts[ip] = counts.get(ip, 0) + 1
@@ -246,7 +273,7 @@ def _admit_inbound(swarm: Any, ip: str) -> str | None:
 
 def _release_inbound(swarm: Any, ip: str) -> None:
     counts = _inbound_per_ip.setdefault(swarm, {})
-    for key in (ip, "net:" + prefix_of(ip)):
+    for key in (host_of(ip), "net:" + prefix_of(ip)):
         counts[key] = counts.get(key, 0) - 1
         if counts[key] <= 0:
             del counts[key]

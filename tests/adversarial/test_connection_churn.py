@@ -11,6 +11,7 @@ import contextlib
 import time
 from contextlib import AsyncExitStack
 
+import pytest
 import trio
 from eth_account import Account
 
@@ -172,11 +173,54 @@ async def test_a_flood_from_one_network_is_capped_per_network() -> None:
             sock.close()
 
 
-async def test_outsiders_that_connect_and_idle_cannot_take_the_members_slots() -> None:
+async def test_one_network_cannot_take_every_slot_of_a_worker() -> None:
+    """A worker or validator has 250 inbound slots. Four addresses of one /24, 64 handshake-less
+    connections each (each address under the old per-address cap of 64, the network at the old 256),
+    took all 250 and locked every peer out, members too (who is a member is known only after the
+    handshake). The caps scale with the slots (`inbound_caps`): the network gets a quarter of them, and
+    a peer from elsewhere connects and is served."""
+    from node.p2p.patches import inbound_caps
+
+    async with P2PNode(private_key=bytes(Account.create().key), listen="/ip4/127.0.0.1/tcp/0") as server:
+        server.set_handler("/intellect/test-echo/1", _echo)
+        addr = server.listen_addrs[0]
+        port = int(addr.split("/tcp/")[1].split("/")[0])
+        limiter = server._host.get_network()._inbound_limiter  # type: ignore[union-attr]
+        slots = int(limiter.total_tokens)
+        per_ip, per_network = inbound_caps(slots)
+        assert per_network <= slots // 4 and per_ip <= slots // 8
+        held = await _raw_connections(port, [f"127.0.2.{i}" for i in range(1, 5)], 64, hold=True)
+        await trio.sleep(0.5)
+        assert limiter.borrowed_tokens <= per_network + 2, (limiter.borrowed_tokens, slots)
+        assert server.inbound_refused.get("per-ip", 0) + server.inbound_refused.get("per-network", 0) > 0
+        assert await _served(addr)
+        for sock in held:
+            sock.close()
+
+
+def test_inbound_caps_and_hosts() -> None:
+    from node.p2p.patches import MAX_INBOUND_PER_IP, MAX_INBOUND_PER_PREFIX, host_of, inbound_caps, prefix_of
+
+    assert inbound_caps(250) == (31, 62)
+    assert inbound_caps(4046) == (MAX_INBOUND_PER_IP, MAX_INBOUND_PER_PREFIX)  # the coordinator's
+    assert inbound_caps(10) == (4, 4)
+    assert host_of("10.1.2.3") == "10.1.2.3" and host_of("::ffff:10.1.2.3") == "10.1.2.3"
+    assert host_of("2001:db8::1") == host_of("2001:db8::ffff:2") == "2001:db8::/64"  # one host's /64
+    assert host_of("2001:db8:0:1::1") != host_of("2001:db8::1")
+    assert prefix_of("10.1.2.3") == "10.1.2.0/24" and prefix_of("2001:db8::1") == "2001:db8::/56"
+
+
+async def test_outsiders_that_connect_and_idle_cannot_take_the_members_slots(monkeypatch: pytest.MonkeyPatch) -> None:
     """60 fresh non-member identities connect (a full handshake each) and stay; a node with 200 connections
-    takes at most 25 of them (`max_outsider_connections`), and a member still connects and is served."""
+    takes at most 25 of them (`max_outsider_connections`), and a member still connects and is served.
+    Every peer here connects from 127.0.0.1, so the per-address caps (tested above) are set aside."""
+    from node.p2p import patches
     from node.p2p.network import PoolNetwork
     from node.p2p.rules import Membership
+
+    monkeypatch.setattr(
+        patches, "inbound_caps", lambda slots: (patches.MAX_INBOUND_PER_IP, patches.MAX_INBOUND_PER_PREFIX)
+    )
 
     keys = {n: bytes(Account.create().key) for n in ("coord", "member")}
     addr = {n: Account.from_key(k).address for n, k in keys.items()}
