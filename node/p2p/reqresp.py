@@ -9,6 +9,7 @@ import struct
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
+from contextvars import ContextVar
 
 import trio
 from libp2p.abc import IHost, INetStream
@@ -59,6 +60,11 @@ async def _read_frame(stream: INetStream, max_size: int) -> bytes:
     if size > max_size:
         raise P2PError(f"frame of {size} bytes exceeds limit {max_size}")
     return await _read_exactly(stream, size)
+
+
+#: The IP address the request being handled came from ("" if unknown), for handlers that budget work per
+#: address or network (a sender's address is free to make; its IP is not).
+PEER_IP: ContextVar[str] = ContextVar("PEER_IP", default="")
 
 
 def _stream_ip(stream: INetStream) -> str:
@@ -169,6 +175,7 @@ class RequestsMixin:
                         await _reset(stream)
                         return
                     try:
+                        PEER_IP.set(ip)  # this task's context: seen by the handler alone
                         response = await handler(request, sender)
                         reply = bytes([_STATUS_OK]) + _frame(response)
                     except Exception as exc:  # an OSError is ours (a full disk, say), not the peer's fault

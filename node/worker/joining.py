@@ -9,6 +9,8 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import trio
+
 from node.errors import PeerError
 
 from .. import ops, protocol
@@ -130,6 +132,20 @@ class JoiningMixin:
             self.last_error = ""
         return protocol.reply_body(data, what)
 
+    async def _invite(self, patience: float = 300.0, every: float = 5.0) -> dict[str, Any]:
+        """The coordinator's answer to an invite request, asked again every `every` seconds for up to
+        `patience` while it answers "busy" (its budget of chain reads for newcomers is spent: many nodes
+        joining at once, or a flood of fresh identities); any other refusal at once."""
+        deadline = trio.current_time() + patience
+        while True:
+            try:
+                return await self._request(protocol.INVITE_PROTOCOL, {}, "invite request")
+            except protocol.ProtocolError as exc:
+                if "refused: busy" not in str(exc) or trio.current_time() + every > deadline:
+                    raise
+                self.phase = "waiting for an invite (the coordinator is busy)"
+                await trio.sleep(every)
+
     async def ensure_member(self) -> None:
         assert self.chain is not None
         c, pool = self.chain, self.cfg.pool_id
@@ -139,7 +155,7 @@ class JoiningMixin:
         if int(m["poolId"]) != 0:
             raise ChainError(f"node {self.node.address} is already in pool {m['poolId']}", "leave it first")
         self.phase = "joining the pool"
-        reply = await self._request(protocol.INVITE_PROTOCOL, {}, "invite request")
+        reply = await self._invite()
         if reply.get("member"):
             return
         inv = reply.get("invite")

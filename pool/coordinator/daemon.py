@@ -37,13 +37,14 @@ from node.p2p.blobs import BlobStore, serve_blobs
 from node.p2p.host import COORDINATOR_MAX_CONNECTIONS
 from node.p2p.membership import ChainMembership
 from node.p2p.network import PoolNetwork
+from node.p2p.rules import SenderBudget
 from node.policy import RelayBook
 from node.tasks import get_env
 from node.taskspec import TaskSpec, TaskSpecError, pool_spec
 from node.weights.serve import serve_weights
 from node.weights.store import WeightStore
 
-from .intake import IntakeMixin
+from .intake import OUTSIDER_READS, IntakeMixin
 from .ledger import LedgerMixin
 from .network import NetworkMixin
 from .state import CoordinatorState
@@ -132,6 +133,7 @@ class Coordinator(IntakeMixin, LedgerMixin, NetworkMixin, TrainingMixin):
         self._announce_now = trio.Event()
         self.outsiders: dict[str, float] = {}
         self.invite_replies: dict[str, tuple[float, bytes]] = {}
+        self.outsider_reads = SenderBudget(OUTSIDER_READS)
         self._unfunded_warned = -1e9
 
     # ------------------------------------------------------------------ status

@@ -17,6 +17,8 @@ import trio
 from node import ops, protocol
 from node.chain.errors import RpcUnavailable
 from node.chain.signing import RolloutClaim
+from node.p2p.patches import prefix_of
+from node.p2p.reqresp import PEER_IP
 from node.rollout.file import RolloutFile, RolloutFormatError
 from node.rollout.intake import completion_hashes
 from node.toploc import proof_commitment
@@ -30,6 +32,10 @@ REJECTION_DETAIL = 300  # characters of a refusal's detail kept (and sent back)
 MAX_REJECTIONS = 10_000  # newest refusals kept in the state file
 REJECTION_LOG_EVERY = 10.0  # seconds between log lines about one sender's refusals
 OUTSIDER_COOLDOWN = 10.0  # seconds between chain reads (and invites) for one sender that is no member
+# Chain reads made for senders that are no member (an invite, a membership check), whose addresses are
+# free to make: per network (/24, IPv6 /56) and for all of them, (per second, burst). Beyond, "busy":
+# a flood of fresh identities cannot spend the coordinator's RPC quota that honest work needs.
+OUTSIDER_READS = {"network": (2.0, 20.0), "all": (20.0, 100.0)}
 ALIVE_EVERY = 30.0  # seconds between the coordinator's "alive" marks in its state
 ALIVE_GRACE = 60.0  # after a restart, seconds in which an expiring task is still the outage's, not its node's
 
@@ -65,6 +71,8 @@ class IntakeMixin:
             return cached[1]
         if len(self.invite_replies) > 10_000:
             self.invite_replies.clear()
+        if not self._outsider_read(now):
+            return protocol.refuse("busy: too many new nodes are asking right now", "retry in a few seconds")
         reply = await self._invite_reply(sender)
         self.invite_replies[sender] = (now, reply)
         return reply
@@ -119,11 +127,19 @@ class IntakeMixin:
             return False
         if len(self.outsiders) > 10_000:
             self.outsiders.clear()
+        if not self._outsider_read(now):
+            return False  # not remembered: asked again once the budget allows
         self.outsiders[node] = now
         member = bool(await self.chain.call("PoolManager", "isMember", self.cfg.pool_id, node))
         if member:
             self.outsiders.pop(node, None)
         return member
+
+    def _outsider_read(self, now: float) -> bool:
+        """Whether a chain read for a sender that is no member fits `OUTSIDER_READS` (the request's
+        network's budget and everyone's)."""
+        net = prefix_of(PEER_IP.get()) or "unknown"
+        return self.outsider_reads.take(net, "network", now) and self.outsider_reads.take("*", "all", now)
 
     def may_use_blobs(self, sender: str) -> bool:
         """Uploads and downloads: members (their own rollouts) and validators (to check them) only."""

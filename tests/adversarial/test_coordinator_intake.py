@@ -212,3 +212,78 @@ def test_refusal_records_are_bounded(tmp_path: Path, monkeypatch: Any) -> None:
     assert coord.rejected["unknown-task"] == 40
     assert coord.store.scalar("SELECT COUNT(*) FROM rejections") <= 6
     assert coord.store.scalar("SELECT MAX(LENGTH(detail)) FROM rejections") == coordinator_module.REJECTION_DETAIL
+
+
+async def test_fresh_identities_cannot_spend_the_coordinators_chain_reads(chain: World, tmp_path: Path) -> None:
+    """An invite is the one thing outsiders may ask for, and its answer is cached per sender only: every
+    fresh identity (free to make) cost the coordinator chain reads, so a flood of them could push its RPC
+    provider into refusing the calls honest work needs. Reads made for outsiders now come from a budget
+    per network and one for all; beyond it the answer is "busy", without a read."""
+    import time
+
+    from eth_account import Account
+
+    from node.p2p.host import P2PNode
+    from node.p2p.rules import SenderBudget
+
+    pid = await _pool_with_two_members(chain, tmp_path)
+    cfg = CoordinatorConfig(
+        pool_id=pid, data_dir=tmp_path / "coord", rpc_url=chain.url, deployment=chain.deployment,
+        listen="/ip4/127.0.0.1/tcp/0",
+    )  # fmt: skip
+    coord = Coordinator(cfg, chain.coordinator)
+    rate, burst = 0.5, 5.0
+    coord.outsider_reads = SenderBudget({"network": (rate, burst), "all": (20.0, 100.0)})
+    async with trio.open_nursery() as nursery:
+        peer = (await nursery.start(coord.run))[0]
+        assert coord.chain is not None
+        calls = 0
+        real = coord.chain.call
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += args[1] in ("membershipOf", "providerOf", "isMember")  # the reads made for outsiders
+            return await real(*args, **kwargs)
+
+        coord.chain.call = counted  # type: ignore[method-assign]
+        busy = answered = 0
+        t0 = time.monotonic()
+        for _ in range(20):  # fresh identities from this machine's network, one invite request each
+            async with P2PNode(private_key=bytes(Account.create().key)) as out:
+                await out.connect(peer)
+                raw = await out.request(peer, protocol.INVITE_PROTOCOL, protocol.pack({}), timeout=20)
+                reply = protocol.unpack(raw, "invite")
+                busy += "busy" in str(reply.get("error", ""))
+                answered += "not bound to a provider" in str(reply.get("error", ""))
+        took = time.monotonic() - t0
+        assert busy + answered == 20 and busy > 0, (busy, answered)
+        assert answered <= burst + rate * took + 1
+        assert calls <= 2 * answered  # an unbound node's answer: two reads; a refused one: none
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_joining_worker_asks_again_while_the_coordinator_is_busy() -> None:
+    """An honest newcomer that meets "busy" (the coordinator's budget of reads for newcomers spent by a
+    flood, or many nodes joining at once) asks again after a pause instead of failing its `join`; any
+    other refusal still ends it at once."""
+    import pytest
+
+    from node.worker.joining import JoiningMixin
+
+    class Joining(JoiningMixin):
+        def __init__(self, answers: list[bytes]) -> None:
+            self.answers, self.phase, self.asked = answers, "", 0
+
+        async def _request(self, proto: str, body: dict[str, Any], what: str, timeout: float = 30.0) -> dict[str, Any]:
+            self.asked += 1
+            return protocol.reply_body(self.answers.pop(0), what)
+
+    busy = protocol.refuse("busy: too many new nodes are asking right now", "retry in a few seconds")
+    worker = Joining([busy, busy, protocol.ok(member=True)])
+    assert (await worker._invite(every=0.01))["member"] is True and worker.asked == 3
+    unbound = Joining([protocol.refuse("node 0x1 is not bound to a provider")])
+    with pytest.raises(protocol.ProtocolError, match="not bound"):
+        await unbound._invite(every=0.01)
+    patient = Joining([busy] * 10)
+    with pytest.raises(protocol.ProtocolError, match="busy"):  # not for ever
+        await patient._invite(patience=0.05, every=0.01)
