@@ -5,15 +5,13 @@ each completion token, the rows `VllmEngine` captured while generating."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
 from .types import _TORCH_DTYPES, Completion, DType, Prefill, SamplingSpec
-
-_T = TypeVar("_T")
 
 #: Architectures whose attention is plain causal attention over every earlier position, with rotary
 #: positions taken from the position ids: a prompt's keys and values are the same fed alone or whole.
@@ -38,18 +36,6 @@ def prompt_sharing_safe(config: Any) -> bool:
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     kinds = [rope] if "rope_type" in rope or "type" in rope or not rope else list(rope.values())
     return all(isinstance(k, dict) and k.get("rope_type", k.get("type", "default")) in STATIC_ROPE for k in kinds)
-
-
-def _batches(order: list[_T], width: Callable[[_T], int], batch_size: int, batch_tokens: int) -> list[list[_T]]:
-    """`order` (sorted by `width`, widest last) cut into batches of at most `batch_size` items and
-    `batch_tokens` positions, padding included: a batch is as wide as its last item."""
-    batches: list[list[_T]] = []
-    for x in order:
-        n = width(x)
-        if not batches or len(batches[-1]) >= batch_size or (len(batches[-1]) + 1) * n > batch_tokens:
-            batches.append([])
-        batches[-1].append(x)
-    return batches
 
 
 class HfPrefill:
@@ -143,7 +129,13 @@ class HfPrefill:
         """Prompt and completion of each of `which` as one sequence."""
         order = sorted(which, key=lambda i: len(items[i][0]) + len(items[i][1]))
         pad_id = 0
-        for chunk in _batches(order, lambda i: len(items[i][0]) + len(items[i][1]) - 1, batch_size, batch_tokens):
+        batches: list[list[int]] = []
+        for i in order:  # longest last: a batch's width is its last sequence's length
+            n = len(items[i][0]) + len(items[i][1]) - 1
+            if not batches or len(batches[-1]) >= batch_size or (len(batches[-1]) + 1) * n > batch_tokens:
+                batches.append([])
+            batches[-1].append(i)
+        for chunk in batches:
             # the last completion token is never fed: its state did not produce any token
             seqs = [items[i][0] + items[i][1][:-1] for i in chunk]
             width = max(len(s) for s in seqs)
@@ -172,8 +164,14 @@ class HfPrefill:
         positions P..P+T-2 (given, since the pads shift the cache's indices)."""
         from transformers import DynamicCache
 
-        groups = sorted(groups, key=lambda ix: len(items[ix[0]][0]))  # prompts of similar length together
-        for batch in _batches(groups, lambda ix: len(items[ix[0]][0]), batch_size, batch_tokens):
+        groups = sorted(groups, key=lambda ix: len(items[ix[0]][0]))
+        batches: list[list[list[int]]] = []
+        for ix in groups:  # prompts of similar length together: a batch's prompt width is its last one's
+            width = len(items[ix[0]][0])
+            if not batches or len(batches[-1]) >= batch_size or (len(batches[-1]) + 1) * width > batch_tokens:
+                batches.append([])
+            batches[-1].append(ix)
+        for batch in batches:
             prompts = [items[ix[0]][0] for ix in batch]
             wp = max(len(p) for p in prompts)
             ids = torch.zeros((len(prompts), wp), dtype=torch.long)
@@ -184,8 +182,13 @@ class HfPrefill:
             kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
             of = {i: u for u, ix in enumerate(batch) for i in ix}
             order = sorted(of, key=lambda i: len(items[i][1]))
-            # attention covers the prompt width too
-            for chunk in _batches(order, lambda i, wp=wp: wp + len(items[i][1]) - 1, batch_size, batch_tokens):
+            chunks: list[list[int]] = []
+            for i in order:  # longest last; attention covers the prompt width too
+                n = wp + len(items[i][1]) - 1
+                if not chunks or len(chunks[-1]) >= batch_size or (len(chunks[-1]) + 1) * n > batch_tokens:
+                    chunks.append([])
+                chunks[-1].append(i)
+            for chunk in chunks:
                 us = torch.as_tensor([of[i] for i in chunk], device=self.device)
                 seqs = [items[i][1][:-1] for i in chunk]  # the last completion token is never fed
                 wc = max(len(s) for s in seqs)

@@ -205,22 +205,14 @@ _inbound_rate: weakref.WeakKeyDictionary[Any, SenderBudget] = weakref.WeakKeyDic
 inbound_refused_counts: weakref.WeakKeyDictionary[Any, Counter[str]] = weakref.WeakKeyDictionary()
 
 
-def _address(ip: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """`ip` parsed, an IPv4-mapped IPv6 address (an IPv4 peer of a dual-stack listener) as IPv4."""
+def prefix_of(ip: str) -> str:
+    """The /24 of an IPv4 address (IPv4-mapped IPv6 included), the /56 of an IPv6 one ("" for none)."""
     try:
         addr: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(ip)
     except ValueError:
-        return None
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        return addr.ipv4_mapped
-    return addr
-
-
-def prefix_of(ip: str) -> str:
-    """The /24 of an IPv4 address (IPv4-mapped IPv6 included), the /56 of an IPv6 one ("" for none)."""
-    addr = _address(ip)
-    if addr is None:
         return ""
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped  # an IPv4 peer of a dual-stack listener
     bits = 24 if addr.version == 4 else 56
     return str(ipaddress.ip_network(f"{addr}/{bits}", strict=False))
 
@@ -228,10 +220,13 @@ def prefix_of(ip: str) -> str:
 def host_of(ip: str) -> str:
     """The key one host's connections are counted under: its IPv4 address, or its IPv6 /64 (a single
     host is commonly given a whole /64, so counting single IPv6 addresses would cap nothing)."""
-    addr = _address(ip)
-    if addr is None:
+    try:
+        addr: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(ip)
+    except ValueError:
         return ip
-    if addr.version == 6:
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr.ipv4_mapped is not None:
+            return str(addr.ipv4_mapped)
         return str(ipaddress.ip_network(f"{addr}/64", strict=False))
     return str(addr)
 

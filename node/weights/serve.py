@@ -30,8 +30,8 @@ HEAD_TIMEOUT = 10.0  # for a whole request head, once its first byte may come (s
 RELAY_RESERVED = 32  # connection slots only known relays may take
 MEMBER_RESERVED = 64  # connection slots kept for the addresses the pool's members connect from
 KEEPALIVE_LIFETIME = 300.0  # no new request on a connection older than this: a client asks again
-SEND_STALL_TIMEOUT = 30.0  # one chunk not accepted by the peer for this long: drop the connection
-SLOW_SEND = 1.0  # a relay's piece not sent within this: its transfer loses priority until its next piece
+SEND_STALL_TIMEOUT = 30.0
+SLOW_SEND = 1.0  # a relay's piece not sent within this: its transfer loses priority until its next piece  # one chunk not accepted by the peer for this long: drop the connection
 SHARD_WAIT = 60.0  # a relay waits this long for a shard still being fetched before answering 503
 SEND_CHUNK = 128 * 1024
 RELAY_HEADER = b"x-weights-relay"  # "1" on a relay's upstream requests: served first under the cap
@@ -139,22 +139,16 @@ async def _send_file(
                     limiter.begin_high()
                     marked = True
                 await limiter.take(len(piece), high)
-            if not marked:
-                await _send_piece(stream, conn, piece)
-                continue
-            async with trio.open_nursery() as nursery:  # a high piece: unmarked if its send stalls
-                nursery.start_soon(_call_after, SLOW_SEND, unmark)
-                await _send_piece(stream, conn, piece)
+            async with trio.open_nursery() as nursery:
+                if marked:
+                    nursery.start_soon(_call_after, SLOW_SEND, unmark)
+                with trio.fail_after(SEND_STALL_TIMEOUT):
+                    for out in conn.send_with_data_passthrough(h11.Data(data=piece)) or ():
+                        await stream.send_all(out)
                 nursery.cancel_scope.cancel()
     finally:
         unmark()
     await _send(stream, conn, h11.EndOfMessage())
-
-
-async def _send_piece(stream: trio.SocketStream, conn: h11.Connection, piece: memoryview) -> None:
-    with trio.fail_after(SEND_STALL_TIMEOUT):
-        for out in conn.send_with_data_passthrough(h11.Data(data=piece)) or ():
-            await stream.send_all(out)
 
 
 async def _call_after(seconds: float, fn: Callable[[], None]) -> None:
@@ -237,11 +231,12 @@ async def _serve_connection(
                 ev = await httpd.read_request(stream, conn, HEAD_TIMEOUT, IDLE_TIMEOUT)
                 if not isinstance(ev, h11.Request):
                     return
-                ended = False  # a body announced is refused unread: a chunked one could trickle for days
-                if not _announces_body(ev.headers):
-                    with trio.fail_after(HEAD_TIMEOUT):  # the end of a body-less request: at once
-                        ended = isinstance(await httpd.next_event(stream, conn, IDLE_TIMEOUT), h11.EndOfMessage)
-                if not ended:
+                if _announces_body(ev.headers):  # a chunked body could trickle its chunk headers for days
+                    await _send_json(stream, conn, 413, {"error": "no request body expected"})
+                    return
+                with trio.fail_after(HEAD_TIMEOUT):  # the end of a body-less request: at once
+                    part = await httpd.next_event(stream, conn, IDLE_TIMEOUT)
+                if not isinstance(part, h11.EndOfMessage):
                     await _send_json(stream, conn, 413, {"error": "no request body expected"})
                     return
                 high = any(k == RELAY_HEADER and v == b"1" for k, v in ev.headers) and (

@@ -78,8 +78,12 @@ def stop_all(procs: list[Proc], timeout: float = 20.0) -> None:
                 p.kill9()
     except KeyboardInterrupt:
         for p in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.kill9()  # killed and reaped: gone at once
+            if p.alive() and p.popen is not None:
+                os.killpg(p.popen.pid, signal.SIGKILL)
+        for p in procs:
+            if p.popen is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.popen.wait(5)  # reaped: a killed process is gone at once
         raise
 
 
