@@ -14,6 +14,7 @@ import hashlib
 import json
 from typing import Any
 
+from node.decoding import DecodeError, loads_json
 from node.errors import IntellectError
 
 # Published inside a verdict message (at most `node.protocol.MAX_MESSAGE`, 64 KiB): a verdict of a
@@ -56,9 +57,9 @@ def parse_evidence(
     if expected_hash is not None and digest != expected_hash.lower():
         raise EvidenceError(f"the document hashes to {digest}, not to the evidence hash {expected_hash}")
     try:
-        d = json.loads(doc)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise EvidenceError(f"the evidence document is not JSON: {exc}") from None
+        d = loads_json(doc, what="the evidence document", max_bytes=max_bytes)
+    except DecodeError as exc:
+        raise EvidenceError(str(exc)) from None
     if not isinstance(d, dict):
         raise EvidenceError("the evidence document is not a JSON object")
     if work_key is not None and str(d.get("work_key", "")).lower() != work_key.lower():

@@ -17,6 +17,7 @@ from typing import Any
 
 import msgpack
 
+from node.decoding import DecodeError, unpack_msgpack
 from node.errors import PeerError
 
 from .rollout.file import RolloutFile
@@ -47,9 +48,9 @@ def unpack(data: bytes, what: str) -> dict[str, Any]:
     if len(data) > MAX_MESSAGE:
         raise ProtocolError(f"{what} of {len(data)} bytes exceeds {MAX_MESSAGE}")
     try:
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except Exception as exc:
-        raise ProtocolError(f"malformed {what}: {type(exc).__name__}") from None
+        obj = unpack_msgpack(data, what=what, max_bytes=MAX_MESSAGE)
+    except DecodeError as exc:
+        raise ProtocolError(f"malformed {what}: {exc}") from None
     if not isinstance(obj, dict):
         raise ProtocolError(f"malformed {what}: expected a map")
     return obj

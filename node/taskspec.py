@@ -12,7 +12,6 @@ what a rollout file's header claims. `parse_spec` is pure; `fetch_spec` reads th
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from urllib.parse import unquote, urlparse
 
 import httpx
 
+from node.decoding import DecodeError, loads_json
 from node.errors import IntellectError
 from node.tasks.envs import env_names
 
@@ -90,9 +90,9 @@ def parse_spec(data: bytes, expected_hash: str | None = None) -> TaskSpec:
                 "the file at the spec URI was changed after the pool was created",
             )
     try:
-        obj = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise TaskSpecError(f"task spec is not JSON ({exc})") from None
+        obj = loads_json(data, what="task spec", max_bytes=MAX_SPEC_BYTES)
+    except DecodeError as exc:
+        raise TaskSpecError(str(exc)) from None
     if not isinstance(obj, dict):
         raise TaskSpecError("task spec must be a JSON object")
     model, env, sampling = obj.get("model"), obj.get("environment"), obj.get("sampling")

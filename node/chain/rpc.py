@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import logging
 import time
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ from typing import Any
 import httpx
 import trio
 
+from ..decoding import DecodeError, loads_json
 from .errors import RpcError, RpcUnavailable, WrongChain
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,8 @@ MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 #: Seconds a failed endpoint rests before it is tried again: doubled per failure in a row, capped.
 REST_FIRST, REST_MAX = 2.0, 60.0
 MAX_ENDPOINTS = 16
+#: Values in one answer (an eth_getLogs page of many logs); its depth is bounded at the default.
+RPC_MAX_VALUES = 8_000_000
 
 
 def parse_urls(urls: str | Sequence[str]) -> list[str]:
@@ -243,9 +245,13 @@ class RpcClient:
         except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
             raise RpcUnavailable(f"cannot reach the RPC endpoint {e.url} ({exc!r})") from None
         try:
-            body = json.loads(b"".join(parts))
-        except ValueError:
-            raise RpcUnavailable(f"RPC endpoint {e.url} sent a non-JSON answer (HTTP {resp.status_code})") from None
+            body = loads_json(
+                b"".join(parts), what="the answer", max_bytes=MAX_RESPONSE_BYTES, max_items=RPC_MAX_VALUES
+            )
+        except DecodeError as exc:
+            raise RpcUnavailable(
+                f"RPC endpoint {e.url} sent an answer to {method} that is refused: {exc} (HTTP {resp.status_code})"
+            ) from None
         if not isinstance(body, dict):
             raise RpcUnavailable(f"RPC endpoint {e.url} sent a malformed answer to {method}")
         if "error" in body and body["error"] is not None:

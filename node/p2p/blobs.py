@@ -31,6 +31,7 @@ from typing import Any
 
 import msgpack
 
+from node.decoding import DecodeError, unpack_msgpack
 from node.fsio import write_file
 from node.p2p.host import DEFAULT_MAX_RESPONSE, P2PError, P2PNode, Refused
 
@@ -262,7 +263,7 @@ def serve_blobs(
 
     async def on_blob(request: bytes, sender: str) -> bytes:
         check_sender(sender)
-        req = msgpack.unpackb(request, raw=False)
+        req = unpack_msgpack(request, what="blob request", max_bytes=len(request), max_depth=1, max_items=8)
         if not (isinstance(req, list) and len(req) == 2 and isinstance(req[0], str) and type(req[1]) is int):
             raise ValueError("malformed blob request")
         key, offset = req
@@ -275,7 +276,7 @@ def serve_blobs(
 
     async def on_upload(request: bytes, sender: str) -> bytes:
         check_sender(sender)
-        req = msgpack.unpackb(request, raw=False)
+        req = unpack_msgpack(request, what="upload request", max_bytes=len(request), max_depth=1, max_items=8)
         if not (
             isinstance(req, list)
             and len(req) == 4
@@ -298,9 +299,9 @@ def serve_blobs(
 
 def _unpack_pair(body: bytes, what: str) -> list[Any]:
     try:
-        resp = msgpack.unpackb(body, raw=False)
-    except Exception as exc:
-        raise P2PError(f"malformed {what} response: {exc!r}") from exc
+        resp = unpack_msgpack(body, what=f"{what} response", max_bytes=len(body), max_depth=1, max_items=8)
+    except DecodeError as exc:
+        raise P2PError(f"malformed {what} response: {exc}") from None
     if not (isinstance(resp, list) and len(resp) == 2):
         raise P2PError(f"malformed {what} response")
     return resp

@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from node.decoding import loads_json
 from node.errors import IntellectError
 from node.rollout.footer import FooterError, Template, read_footer, read_pages, template
 
@@ -26,6 +27,8 @@ PROOF_BYTES = 258
 CHUNK = 32
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_ROWS = 4096
+#: The JSON header in the file's key-value metadata (pool, node, version, sampling, model, extra).
+MAX_HEADER_BYTES = 64 * 1024
 MAX_TOKENS = 32768
 # Decoded size bound. Checked first from the parquet footer (plainly encoded pages that zstd squeezed
 # from gigabytes are refused before any read), then while the rows are decoded, batch by batch: dictionary
@@ -220,7 +223,7 @@ def _header(metadata: dict[bytes, bytes]) -> RolloutHeader:
     if raw_meta is None:
         raise RolloutFormatError("rollout file has no intellect header")
     try:
-        meta = json.loads(raw_meta)
+        meta = loads_json(raw_meta, what="rollout header", max_bytes=MAX_HEADER_BYTES)
         if meta.get("format") != FORMAT:
             raise RolloutFormatError(f"unknown rollout format {meta.get('format')!r}, expected {FORMAT}")
         h = meta["header"]
