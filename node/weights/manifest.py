@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from node.decoding import DecodeError, loads_json
 from node.errors import IntellectError
 from node.fsio import atomic_file, write_file
 
@@ -104,9 +105,9 @@ class Manifest:
         if len(data) > MAX_MANIFEST_BYTES:
             raise ValueError(f"manifest larger than {MAX_MANIFEST_BYTES} bytes")
         try:
-            obj = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"manifest is not JSON: {exc}") from None
+            obj = loads_json(data, what="manifest", max_bytes=MAX_MANIFEST_BYTES, max_items=1_000_000)
+        except DecodeError as exc:
+            raise ValueError(str(exc)) from None
         return cls.from_dict(obj)
 
     @classmethod
