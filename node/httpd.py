@@ -4,15 +4,20 @@ connections. Each server brings its own per-connection handler (routing, limits,
 
 Over the cap (or over the per-address cap), a connection gets a short 503 and is closed; the refusals
 themselves are bounded (at most as many in flight as the cap), so a flood of connections costs a bounded
-amount of work.
+amount of work. A server that asks for it (`evict_idle`, the explorer) instead ends an idle connection to
+make room: the oldest of the new connection's own address when that address is at its cap, else of the
+address that holds the most slots. Idle and slow sockets then cost their address its own share, never
+the whole server: a connection is idle unless its answer is being drawn (`answering`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import h11
@@ -30,6 +35,8 @@ _BUSY = (
 Handler = Callable[[trio.SocketStream], Awaitable[None]]
 #: (method, target) -> the response's h11 events; plain and synchronous (it answers from memory)
 Route = Callable[[bytes, bytes], list[h11.Event]]
+#: the same, for a server that draws its answers elsewhere (e.g. in a worker thread)
+AsyncRoute = Callable[[bytes, bytes], Awaitable[list[h11.Event]]]
 
 MAX_HEAD_BYTES = 8 * 1024
 MAX_BODY_BYTES = 16 * 1024
@@ -90,6 +97,35 @@ async def _refuse(stream: trio.SocketStream) -> None:
         await trio.aclose_forcefully(stream)
 
 
+@dataclass(eq=False)
+class Slot:
+    """One accepted connection: its address, whether it may be evicted, and the scope that ends it."""
+
+    ip: str
+    protected: bool = False  # a trusted address's: never evicted
+    busy: bool = False  # its answer is being drawn (`answering`)
+    gone: bool = False  # no longer counted (finished or evicted)
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+
+
+_SLOT: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("httpd_slot", default=None)
+
+
+@contextlib.contextmanager
+def answering() -> Iterator[None]:
+    """Marks the current connection busy while its answer is drawn: an evicting server (`serve`'s
+    `evict_idle`) ends only connections that wait for a request or for their client to read."""
+    slot = _SLOT.get()
+    if slot is None:
+        yield
+        return
+    slot.busy = True
+    try:
+        yield
+    finally:
+        slot.busy = False
+
+
 def peer_ip(stream: trio.SocketStream) -> str:
     try:
         return str(stream.socket.getpeername()[0])
@@ -109,6 +145,7 @@ async def serve(
     reserved: int = 0,
     members: Callable[[], Any] | None = None,
     member_reserved: int = 0,
+    evict_idle: bool = False,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen on `host:port` (port 0: a free one) and accept until cancelled; each connection runs
@@ -117,23 +154,49 @@ async def serve(
     Addresses in `trusted()` (known relays) have no per-address cap and `reserved` slots beyond
     `max_connections` that nobody else can take. Addresses in `members()` (where the pool's members
     connect from) keep the per-address cap and have `member_reserved` slots of their own beyond
-    `max_connections`, so outsiders that fill every other slot do not lock members out. The bound port
-    is reported with `task_status.started(port)` once accepting. The listeners are closed on exit."""
+    `max_connections`, so outsiders that fill every other slot do not lock members out. With `evict_idle`,
+    a connection that would be refused ends an idle one instead (see the module's docstring). The bound
+    port is reported with `task_status.started(port)` once accepting. The listeners are closed on exit."""
     listeners, bound = await _open_listeners(host, port)
     per_ip_cap = max_per_ip if max_per_ip is not None else max(1, max_connections // 4)
     used = 0
     refusing = 0
     per_ip: dict[str, int] = {}
+    slots: dict[str, list[Slot]] = {}  # per address, oldest first
 
-    async def run(stream: trio.SocketStream, ip: str) -> None:
+    def release(slot: Slot) -> None:
         nonlocal used
+        if slot.gone:
+            return
+        slot.gone = True
+        used -= 1
+        per_ip[slot.ip] -= 1
+        if per_ip[slot.ip] <= 0:
+            del per_ip[slot.ip]
+        slots[slot.ip].remove(slot)
+        if not slots[slot.ip]:
+            del slots[slot.ip]
+
+    def evict(ip: str | None) -> bool:
+        """End the oldest idle connection of `ip` (None: of the address holding the most slots that has
+        one); whether one was."""
+        for k in [ip] if ip is not None else sorted(slots, key=lambda a: len(slots[a]), reverse=True):
+            victim = next((s for s in slots.get(k, ()) if not s.busy and not s.protected), None)
+            if victim is not None:
+                victim.scope.cancel()
+                release(victim)
+                return True
+        return False
+
+    async def run(stream: trio.SocketStream, slot: Slot) -> None:
+        _SLOT.set(slot)
         try:
-            await handle(stream)
+            with slot.scope:
+                await handle(stream)
         finally:
-            used -= 1
-            per_ip[ip] -= 1
-            if per_ip[ip] <= 0:
-                del per_ip[ip]
+            if slot.scope.cancelled_caught:  # evicted before the handler could close it
+                await trio.aclose_forcefully(stream)
+            release(slot)
 
     async def refuse(stream: trio.SocketStream) -> None:
         nonlocal refusing
@@ -156,8 +219,13 @@ async def serve(
             extra = reserved if known else 0
             if not known and used >= max_connections and members is not None and ip in members():
                 extra = member_reserved
+            over_ip = not known and per_ip.get(ip, 0) >= per_ip_cap
+            if evict_idle and over_ip:
+                over_ip = not evict(ip)
             full = used >= max_connections + extra
-            if full or (not known and per_ip.get(ip, 0) >= per_ip_cap):
+            if evict_idle and full and not over_ip:
+                full = not evict(None)
+            if full or over_ip:
                 if refusing >= max_connections:  # even the refusals are bounded
                     await trio.aclose_forcefully(stream)
                     continue
@@ -166,7 +234,9 @@ async def serve(
                 continue
             used += 1
             per_ip[ip] = per_ip.get(ip, 0) + 1
-            nursery.start_soon(run, stream, ip)
+            slot = Slot(ip, protected=known)
+            slots.setdefault(ip, []).append(slot)
+            nursery.start_soon(run, stream, slot)
 
     try:
         async with trio.open_nursery() as nursery:
@@ -202,14 +272,14 @@ async def _send(stream: trio.SocketStream, conn: h11.Connection, events: list[h1
 
 async def serve_routes(
     stream: trio.SocketStream,
-    route: Route,
+    route: Route | AsyncRoute,
     *,
     max_head_bytes: int = MAX_HEAD_BYTES,
     max_body_bytes: int = MAX_BODY_BYTES,
     timeout: float = CONNECTION_TIMEOUT,
 ) -> None:
     """One connection of a small read-only server: up to `MAX_REQUESTS_PER_CONNECTION` keep-alive requests,
-    each answered by `route`, the whole connection at most `timeout` seconds, heads over `max_head_bytes`
+    each answered by `route` (plain or async), the whole connection at most `timeout` seconds, heads over `max_head_bytes`
     and bodies over `max_body_bytes` refused. Closes the stream."""
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=max_head_bytes)
     try:
@@ -231,7 +301,10 @@ async def serve_routes(
                             break
                         else:
                             return
-                    await _send(stream, conn, route(ev.method, ev.target))
+                    with answering():
+                        answer = route(ev.method, ev.target)
+                        events = answer if isinstance(answer, list) else await answer
+                    await _send(stream, conn, events)
                 except h11.RemoteProtocolError as exc:
                     if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                         await _send(stream, conn, json_response(exc.error_status_hint, {"error": "bad request"}, True))
