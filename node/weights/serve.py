@@ -1,15 +1,18 @@
 """The broadcast's HTTP side: a trio + h11 HTTP/1.1 server with ``GET /versions``,
 ``GET /v/<version>/manifest.json`` and ``GET /v/<version>/shard/<i>`` over a `WeightStore`. Bounded:
-request head size, concurrent connections (with slots reserved for relays and members), requests per
-connection, idle time between requests and stall time per sent chunk; ``rate_limit_bytes_per_s`` caps
-the node's upload with one token bucket shared by all its connections."""
+request head size, concurrent connections (a share of them per address, slots reserved for relays and
+members), requests per connection, idle time between requests and stall time per sent chunk; a shard
+is streamed from disk in `READ_CHUNK` pieces (memory per connection, not per shard);
+``rate_limit_bytes_per_s`` caps the node's upload with one token bucket shared by all its connections.
+A client's reset, stall or garbage ends that client's connection, never the server."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
-from collections.abc import Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +27,18 @@ log = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 8 * 1024
 MAX_CONNECTIONS = 256
+ADDRESS_SHARE = 16  # an address (a relay's aside) holds at most 1/16 of the connections: a few cannot fill them
 MAX_REQUESTS_PER_CONNECTION = 10_000
 IDLE_TIMEOUT = 30.0  # waiting for (the rest of) a request head
 HEAD_TIMEOUT = 10.0  # for a whole request head, once its first byte may come (slowloris)
 RELAY_RESERVED = 32  # connection slots only known relays may take
 MEMBER_RESERVED = 64  # connection slots kept for the addresses the pool's members connect from
 KEEPALIVE_LIFETIME = 300.0  # no new request on a connection older than this: a client asks again
-SEND_STALL_TIMEOUT = 30.0
-SLOW_SEND = 1.0  # a relay's piece not sent within this: its transfer loses priority until its next piece  # one chunk not accepted by the peer for this long: drop the connection
+SEND_STALL_TIMEOUT = 30.0  # one chunk not accepted by the peer for this long: drop the connection
+SLOW_SEND = 1.0  # a relay's piece not sent within this: its transfer loses priority until its next piece
 SHARD_WAIT = 60.0  # a relay waits this long for a shard still being fetched before answering 503
 SEND_CHUNK = 128 * 1024
+READ_CHUNK = 1024 * 1024  # a shard is read from disk this much at a time (in a worker thread)
 RELAY_HEADER = b"x-weights-relay"  # "1" on a relay's upstream requests: served first under the cap
 _SHARD_PATH = re.compile(rb"^/v/(\d{1,19})/shard/(\d{1,6})$")
 _MANIFEST_PATH = re.compile(rb"^/v/(\d{1,19})/manifest\.json$")
@@ -111,18 +116,16 @@ async def _send_json(stream: trio.SocketStream, conn: h11.Connection, status: in
 async def _send_file(
     stream: trio.SocketStream, conn: h11.Connection, path: Path, limiter: RateLimiter | None, high: bool
 ) -> None:
-    """A shard, in `SEND_CHUNK` pieces under the rate cap. A relay's transfer (`high`) has priority from
+    """A shard, streamed from disk (`_pieces`: a connection holds one read's bytes, never the whole
+    shard) in `SEND_CHUNK` pieces under the rate cap. A relay's transfer (`high`) has priority from
     each piece's tokens until that piece is sent, but loses it while a send stalls past
     `SLOW_SEND` (a relay that reads slowly, or not at all, takes no bandwidth: it must not hold back
     everyone else's) and takes it again with its next piece."""
-    data = path.read_bytes()  # at most one shard (bounded by the manifest's shard size)
-    headers = [
-        ("Content-Type", "application/octet-stream"),
-        ("Content-Length", str(len(data))),
-        ("Cache-Control", "no-store"),
-    ]
-    await _send(stream, conn, h11.Response(status_code=200, headers=headers))
-    view = memoryview(data)
+    try:
+        fh = await trio.open_file(path, "rb")
+    except FileNotFoundError:  # pruned since it was looked up
+        await _send_json(stream, conn, 404, {"error": "unknown version"})
+        return
     marked = False
 
     def unmark() -> None:
@@ -131,24 +134,51 @@ async def _send_file(
             limiter.end_high()
             marked = False
 
-    try:
-        for off in range(0, len(data), SEND_CHUNK):
-            piece = view[off : off + SEND_CHUNK]
-            if limiter is not None:
-                if high and not marked:
-                    limiter.begin_high()
-                    marked = True
-                await limiter.take(len(piece), high)
-            async with trio.open_nursery() as nursery:
-                if marked:
+    async with fh:
+        size = os.fstat(fh.fileno()).st_size
+        headers = [
+            ("Content-Type", "application/octet-stream"),
+            ("Content-Length", str(size)),
+            ("Cache-Control", "no-store"),
+        ]
+        await _send(stream, conn, h11.Response(status_code=200, headers=headers))
+        try:
+            async for piece in _pieces(fh.read, size):
+                if limiter is not None:
+                    if high and not marked:
+                        limiter.begin_high()
+                        marked = True
+                    await limiter.take(len(piece), high)
+                if not marked:
+                    await _send_piece(stream, conn, piece)
+                    continue
+                async with trio.open_nursery() as nursery:  # a relay's piece: unmarked if its send stalls
                     nursery.start_soon(_call_after, SLOW_SEND, unmark)
-                with trio.fail_after(SEND_STALL_TIMEOUT):
-                    for out in conn.send_with_data_passthrough(h11.Data(data=piece)) or ():
-                        await stream.send_all(out)
-                nursery.cancel_scope.cancel()
-    finally:
-        unmark()
+                    await _send_piece(stream, conn, piece)
+                    nursery.cancel_scope.cancel()
+        finally:
+            unmark()
     await _send(stream, conn, h11.EndOfMessage())
+
+
+async def _pieces(read: Callable[[int], Awaitable[bytes]], size: int) -> AsyncIterator[memoryview]:
+    """``size`` bytes of an open file (its ``read``) in `SEND_CHUNK` pieces, read `READ_CHUNK` at a time in a worker
+    thread (`trio.open_file`); OSError if the file ends early (it changed under us: the answer ends)."""
+    left = size
+    while left > 0:
+        data = await read(min(READ_CHUNK, left))
+        if not data:
+            raise OSError(f"shard file ended {left} bytes early")
+        left -= len(data)
+        view = memoryview(data)
+        for off in range(0, len(data), SEND_CHUNK):
+            yield view[off : off + SEND_CHUNK]
+
+
+async def _send_piece(stream: trio.SocketStream, conn: h11.Connection, piece: memoryview) -> None:
+    with trio.fail_after(SEND_STALL_TIMEOUT):
+        for out in conn.send_with_data_passthrough(h11.Data(data=piece)) or ():
+            await stream.send_all(out)
 
 
 async def _call_after(seconds: float, fn: Callable[[], None]) -> None:
@@ -215,6 +245,10 @@ def _announces_body(headers: list[tuple[bytes, bytes]]) -> bool:
     return False
 
 
+#: how a connection ends when its client resets, stalls, or makes us break the protocol
+_CLIENT_GONE = (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, h11.LocalProtocolError, OSError)
+
+
 async def _serve_connection(
     stream: trio.SocketStream,
     store: WeightStore,
@@ -252,7 +286,7 @@ async def _serve_connection(
             if trio.current_time() > opened + KEEPALIVE_LIFETIME:  # its slot goes back to the accept loop
                 return
             conn.start_next_cycle()
-    except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, h11.LocalProtocolError, OSError):
+    except* _CLIENT_GONE:  # a client's reset, stall or garbage ends its connection (also via a relay piece's nursery)
         pass
     finally:
         await trio.aclose_forcefully(stream)
@@ -273,7 +307,8 @@ async def serve_weights(
     """Serve ``store`` on ``host:port`` until cancelled; reports the bound port via ``task_status``.
 
     ``port = await nursery.start(serve_weights, store, "127.0.0.1", 0)``. Connections over
-    ``max_connections`` get a 503 and are closed; ``rate_limit_bytes_per_s`` caps the whole node's upload.
+    ``max_connections``, or over an address's share of them (1/`ADDRESS_SHARE`; a known relay's aside), get a
+    503 and are closed; ``rate_limit_bytes_per_s`` caps the whole node's upload.
     Requests with the relay header are served first under the cap (strict priority). With
     ``relay_hosts`` (the IP addresses of the known relays, asked per request) only connections from
     those addresses get that priority, so an ordinary client cannot claim it and starve the others.
@@ -283,10 +318,14 @@ async def serve_weights(
     limiter = RateLimiter(rate_limit_bytes_per_s) if rate_limit_bytes_per_s else None
 
     async def handle(stream: trio.SocketStream) -> None:
-        await _serve_connection(stream, store, limiter, shard_wait, relay_hosts)
+        try:
+            await _serve_connection(stream, store, limiter, shard_wait, relay_hosts)
+        except Exception:  # a bug met by one connection ends that connection, never the whole server
+            log.exception("weights server: a connection failed")
 
     await httpd.serve(
         host, port, handle, max_connections=max_connections, what="weights server",
+        max_per_ip=max(1, max_connections // ADDRESS_SHARE),
         trusted=relay_hosts, reserved=RELAY_RESERVED if relay_hosts is not None else 0,
         members=member_hosts, member_reserved=MEMBER_RESERVED, task_status=task_status,
     )  # fmt: skip

@@ -1,7 +1,8 @@
 """Slowloris against the HTTP servers (the weight origin, a relay and the metrics endpoint, real sockets on the
 loopback): 256 connections from one address that send a request head one byte at a time. One address
-gets at most a quarter of the slots, and a head that is not complete within its deadline loses its
-connection; an honest client from another address is served all along."""
+gets at most a share of the slots (a sixteenth of the weight server's, a quarter of the metrics
+endpoint's), and a head that is not complete within its deadline loses its connection; an honest
+client from another address is served all along."""
 
 from __future__ import annotations
 
@@ -94,12 +95,12 @@ def _get_from(url: str, source_ip: str) -> int:
 
 
 async def test_outsiders_that_fill_the_origin_do_not_lock_members_out(tmp_path: Path) -> None:
-    """Four addresses each take their quarter of the origin's connections with unfinished request heads:
+    """Enough addresses each take their share of the origin's connections with unfinished request heads:
     every ordinary slot is held. A client from an outsider's address gets 503; a member (an address its
     libp2p connection comes from, `member_hosts`) is served from the slots kept for members."""
-    from node.weights.serve import MEMBER_RESERVED
+    from node.weights.serve import ADDRESS_SHARE, MEMBER_RESERVED
 
-    cap = 8
+    cap, share = 32, 32 // ADDRESS_SHARE
     async with trio.open_nursery() as nursery:
         port = await nursery.start(
             functools.partial(
@@ -108,8 +109,8 @@ async def test_outsiders_that_fill_the_origin_do_not_lock_members_out(tmp_path: 
             )
         )  # fmt: skip
         held = []
-        for ip in ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"):
-            for _ in range(cap // 4):
+        for ip in (f"127.0.0.{10 + k}" for k in range(cap // share)):
+            for _ in range(share):
                 sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 await sock.bind((ip, 0))
                 await sock.connect(("127.0.0.1", port))
