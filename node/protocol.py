@@ -20,6 +20,7 @@ import msgpack
 from node.decoding import DecodeError, unpack_msgpack
 from node.errors import PeerError
 
+from .rollout.budget import FileLimits
 from .rollout.file import RolloutFile
 from .rollout.intake import Problem as Refusal
 from .rollout.intake import check_bounds, check_sample_indices, check_terms, implausible_repeats, reported_logps
@@ -151,6 +152,13 @@ class Decision:
 
 
 ACCEPT = Decision(True)
+
+
+def file_limits(task: Task, env: MathEnv, encode_prompt: Callable[[str], list[int]]) -> FileLimits:
+    """What a rollout file for `task` may hold: `prompts` x `group_size` rows, its own prompts (the
+    longest, encoded), completions of at most its `max_tokens`."""
+    longest = max((len(encode_prompt(env.problem(task.seed, g).prompt)) for g in range(task.prompts)), default=0)
+    return FileLimits(task.prompts * task.group_size, longest, int(task.sampling["max_tokens"]))
 
 
 def check_submission(

@@ -16,6 +16,7 @@ import torch
 
 from node.errors import ConfigError
 
+from .rollout.budget import FileLimits
 from .rollout.checks import (
     OK,
     Reason,
@@ -30,7 +31,7 @@ from .rollout.checks import (
     temperature_test,
 )
 from .rollout.exact import replay_many, replay_verdict, sample_seed
-from .rollout.file import RolloutFile, RolloutFormatError, RolloutSample
+from .rollout.file import MAX_ROWS, MAX_TOKENS, RolloutFile, RolloutFormatError, RolloutSample
 from .rollout.intake import check_bounds, check_sample_indices, check_terms, implausible_repeats
 from .tasks import MathEnv
 from .taskspec import TaskSpec
@@ -389,7 +390,9 @@ class PoolFileCheck:
         """The checks that need no model (parse, header terms, bounds): the parsed file, or the verdict
         of the first check it fails."""
         try:
-            f = RolloutFile.from_bytes(data, max_bytes=self.max_bytes)
+            # completions of at most the pool's max_tokens, refused before they are decoded
+            limits = FileLimits(MAX_ROWS, MAX_TOKENS, self.spec.max_tokens)
+            f = RolloutFile.from_bytes(data, max_bytes=self.max_bytes, limits=limits)
         except RolloutFormatError as exc:
             return FileVerdict(Verdict(Reason.MALFORMED, str(exc)), [])
         if f.header.node.lower() != node.lower():

@@ -15,12 +15,15 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from node.decoding import loads_json
 from node.errors import IntellectError
-from node.rollout.footer import FooterError, Template, read_footer, read_pages, template
+from node.rollout.budget import PARSES, PY_BYTES_PER_VALUE, FileLimits, MemoryBudget
+from node.rollout.footer import Footer, FooterError, Template, read_footer, read_pages, template
 
 FORMAT = "intellect-rollout/1"
 PROOF_BYTES = 258
@@ -145,13 +148,26 @@ class RolloutFile:
         return _write(pa.Table.from_pydict(cols, schema=schema))
 
     @classmethod
-    def from_bytes(cls, data: bytes, *, max_bytes: int = MAX_FILE_BYTES) -> RolloutFile:
+    def from_bytes(
+        cls,
+        data: bytes,
+        *,
+        max_bytes: int = MAX_FILE_BYTES,
+        limits: FileLimits | None = None,
+        memory: MemoryBudget = PARSES,
+    ) -> RolloutFile:
+        """Parse and validate a file from another party. Its footer and page headers are checked against
+        `limits` (what a file for its task may hold) before a value is decoded; its rows are decoded a
+        batch at a time, each batch's lengths checked before it becomes Python objects, within a share of
+        `memory` (the budget every parse of the process shares: `ParseBusy` if it stays spent)."""
         if len(data) > max_bytes:
             raise RolloutFormatError(f"rollout file is {len(data)} bytes, the limit is {max_bytes}")
         try:  # pyarrow's per-column metadata accessors abort the process on some corrupt footers
             footer = read_footer(data, _footer_shape())
             if footer.num_rows > MAX_ROWS:
                 raise RolloutFormatError(f"rollout file has {footer.num_rows} rows, the limit is {MAX_ROWS}")
+            if limits is not None and footer.num_rows > limits.rows:
+                raise RolloutFormatError(f"rollout file has {footer.num_rows} rows, its task has {limits.rows}")
             pages = read_pages(data, footer)  # what pyarrow will decode, from the page headers themselves
         except FooterError as exc:
             raise RolloutFormatError(f"not a readable parquet file: {exc}") from None
@@ -164,6 +180,23 @@ class RolloutFile:
                 f"rollout file of {len(data)} bytes declares {pages.values} values in {decoded} bytes, more than "
                 "it may decode to (a bomb?)"
             )
+        if limits is not None and pages.values > limits.values:
+            raise RolloutFormatError(
+                f"rollout file declares {pages.values} values; a file of its task ({limits.rows} rows, prompts of "
+                f"at most {limits.prompt_tokens} tokens, completions of {limits.completion_tokens}) holds at most "
+                f"{limits.values}"
+            )
+        need = pages.values * PY_BYTES_PER_VALUE + 2 * len(data)  # its rows as Python objects, and the proofs
+        if not memory.fits(need):
+            raise RolloutFormatError(
+                f"rollout file declares {pages.values} values: {need >> 20} MiB as rows, more than the "
+                f"{memory.total >> 20} MiB this process parses with"
+            )
+        with memory.reserve(need, "rollout file"):
+            return cls._decode(data, footer, budget, limits)
+
+    @classmethod
+    def _decode(cls, data: bytes, footer: Footer, budget: int, limits: FileLimits | None) -> RolloutFile:
         try:
             pf = pq.ParquetFile(io.BytesIO(data))
             md = pf.metadata
@@ -177,7 +210,7 @@ class RolloutFile:
         header = _header(schema.metadata or {})
         if not schema.remove_metadata().equals(SCHEMA):
             raise RolloutFormatError(f"rollout columns {schema.names} do not match the format")
-        rows: list[dict[str, Any]] = []
+        samples: list[RolloutSample] = []
         try:
             used = 0
             for batch in pf.iter_batches(batch_size=READ_BATCH_ROWS, use_threads=False):
@@ -187,35 +220,67 @@ class RolloutFile:
                         f"rollout file of {len(data)} bytes decodes to more than {budget} bytes (a dictionary "
                         "or run-length bomb?)"
                     )
-                rows.extend(batch.to_pylist())
+                _check_lengths(batch, len(samples), limits)  # before any of its values is a Python object
+                samples += _samples(batch.to_pylist(), len(samples))
         except RolloutFormatError:
             raise
         except Exception as exc:  # corrupt pages, invalid UTF-8 in a string column, ...
             raise RolloutFormatError(f"unreadable rollout rows ({type(exc).__name__}: {exc})") from None
-        samples = []
-        for i, r in enumerate(rows):
-            blob = r["proofs"] or b""
-            if len(blob) % PROOF_BYTES:
-                raise RolloutFormatError(f"row {i}: proofs are {len(blob)} bytes, not a multiple of {PROOF_BYTES}")
-            if any(r[k] is None for k in SCHEMA.names):
-                raise RolloutFormatError(f"row {i}: missing values")
-            s = RolloutSample(
-                group=r["group"],
-                sample=r["sample"],
-                task_id=r["task_id"],
-                prompt_tokens=list(r["prompt_tokens"]),
-                completion_tokens=list(r["completion_tokens"]),
-                logprobs=[float(x) for x in r["logprobs"]],
-                reward=float(r["reward"]),
-                finish_reason=r["finish_reason"],
-                proofs=[blob[j : j + PROOF_BYTES] for j in range(0, len(blob), PROOF_BYTES)],
-            )
-            try:
-                _validate_sample(s)
-            except RolloutFormatError as exc:
-                raise RolloutFormatError(f"row {i}: {exc}") from None
-            samples.append(s)
         return cls(header, samples)
+
+
+def _check_lengths(batch: pa.RecordBatch, first: int, limits: FileLimits | None) -> None:
+    """The list lengths of a batch of rows (numbered from `first`), from arrow's offsets: completions of
+    1..MAX_TOKENS tokens (at most the task's), as many logprobs, prompts within bounds, whole proofs."""
+    most_completion = min(MAX_TOKENS, limits.completion_tokens) if limits else MAX_TOKENS
+    most_prompt = min(MAX_TOKENS, limits.prompt_tokens) if limits else MAX_TOKENS
+    if batch.num_rows == 0:
+        return
+    t = _lengths(batch.column("completion_tokens"))
+    p = _lengths(batch.column("prompt_tokens"))
+    lp = _lengths(batch.column("logprobs"))
+    proofs = _lengths(batch.column("proofs"))
+    bad = (t < 1) | (t > most_completion) | (p > most_prompt) | (lp != t) | (proofs != -(-t // CHUNK) * PROOF_BYTES)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise RolloutFormatError(
+            f"row {first + i}: completion of {t[i]} tokens (1..{most_completion}), prompt of {p[i]} (at most "
+            f"{most_prompt}), {lp[i]} logprobs, {proofs[i]} bytes of proofs ({chunks_for(max(int(t[i]), 0))} "
+            f"proofs of {PROOF_BYTES} expected)"
+        )
+
+
+def _lengths(column: pa.Array) -> np.ndarray:
+    """Length of each value of a list or binary column (-1 where null), without decoding the values."""
+    n = pc.fill_null(pc.binary_length(column) if pa.types.is_binary(column.type) else pc.list_value_length(column), -1)
+    return n.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _samples(rows: list[dict[str, Any]], first: int) -> list[RolloutSample]:
+    samples = []
+    for i, r in enumerate(rows, start=first):
+        blob = r["proofs"] or b""
+        if len(blob) % PROOF_BYTES:
+            raise RolloutFormatError(f"row {i}: proofs are {len(blob)} bytes, not a multiple of {PROOF_BYTES}")
+        if any(r[k] is None for k in SCHEMA.names):
+            raise RolloutFormatError(f"row {i}: missing values")
+        s = RolloutSample(
+            group=r["group"],
+            sample=r["sample"],
+            task_id=r["task_id"],
+            prompt_tokens=list(r["prompt_tokens"]),
+            completion_tokens=list(r["completion_tokens"]),
+            logprobs=[float(x) for x in r["logprobs"]],
+            reward=float(r["reward"]),
+            finish_reason=r["finish_reason"],
+            proofs=[blob[j : j + PROOF_BYTES] for j in range(0, len(blob), PROOF_BYTES)],
+        )
+        try:
+            _validate_sample(s)
+        except RolloutFormatError as exc:
+            raise RolloutFormatError(f"row {i}: {exc}") from None
+        samples.append(s)
+    return samples
 
 
 def _header(metadata: dict[bytes, bytes]) -> RolloutHeader:

@@ -25,6 +25,7 @@ from ..p2p.blobs import fetch_blob
 from ..p2p.host import P2PError, eth_address_from_peer_id
 from ..p2p.network import PoolNetwork
 from ..policy import PolicyBook
+from ..rollout.budget import ParseBusy
 from ..rollout.checks import Reason, Verdict
 from ..rollout.file import RolloutFile
 from ..store import write_evidence
@@ -160,7 +161,10 @@ class CheckingMixin:
             )
             return FileVerdict(Verdict(Reason.UNAVAILABLE, detail), []).to_dict()
         self.last_fetch.pop(key, None)
-        f = await trio.to_thread.run_sync(self.intake, data, r)  # parsing a hostile file takes CPU, not the loop
+        try:  # parsing a hostile file takes CPU, not the loop
+            f = await trio.to_thread.run_sync(self.intake, data, r)
+        except ParseBusy:  # other parses hold this process's parse memory: not a verdict, checked again later
+            return None
         if isinstance(f, FileVerdict):
             return f.to_dict()
         # the file's own version: a record that names another is judged in `judge` (record_mismatch)

@@ -5,7 +5,6 @@ one bounded line in the state file. A mixin of `Coordinator`."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 import secrets
@@ -19,6 +18,7 @@ from node.chain.errors import RpcUnavailable
 from node.chain.signing import RolloutClaim
 from node.p2p.patches import prefix_of
 from node.p2p.reqresp import PEER_IP
+from node.rollout.budget import ParseBusy
 from node.rollout.file import RolloutFile, RolloutFormatError
 from node.rollout.intake import completion_hashes
 from node.toploc import proof_commitment
@@ -309,16 +309,22 @@ class IntakeMixin:
         data = self.blobs.get(key)
         if data is None:
             return protocol.refuse(f"rollout {key} has not been uploaded", "upload it before submitting")
-        try:  # in a thread (a hostile file costs its decode budget in CPU), a few at a time (and in memory)
-            f = await trio.to_thread.run_sync(
-                functools.partial(RolloutFile.from_bytes, data, max_bytes=self.cfg.max_rollout_bytes),
-                limiter=self._parse_limiter,
-            )
+        task = protocol.Task.from_wire(protocol.unpack(bytes.fromhex(trow["body"]), "task"))
+        tools = self.tools
+
+        def parse() -> RolloutFile:
+            # what a file for this task may hold, before a value is decoded: its rows, its prompts, max_tokens
+            limits = protocol.file_limits(task, self.env, tools.encode)
+            return RolloutFile.from_bytes(data, max_bytes=self.cfg.max_rollout_bytes, limits=limits)
+
+        try:  # in a thread (a hostile file costs its decode budget in CPU), a few at a time, within the
+            # memory every parse of this process shares
+            f = await trio.to_thread.run_sync(parse, limiter=self._parse_limiter)
+        except ParseBusy as exc:
+            return protocol.refuse(str(exc), "the coordinator is busy checking other files: submit again shortly")
         except RolloutFormatError as exc:
             self.blobs.delete(key)
             return self._reject(sender, "malformed", str(exc))
-        task = protocol.Task.from_wire(protocol.unpack(bytes.fromhex(trow["body"]), "task"))
-        tools = self.tools
         draws, copies = self._prior(f)
         decision = await trio.to_thread.run_sync(
             lambda: protocol.check_submission(
