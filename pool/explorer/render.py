@@ -11,6 +11,7 @@ from typing import Any
 
 TOKEN = 10**18
 PAGE_ROWS = 100
+CHART_POINTS = 400  # at most this many points drawn; a longer curve is sampled evenly (its ends kept)
 
 
 # ---------------------------------------------------------------------- formatting
@@ -52,10 +53,11 @@ def code(v: Any, title: bool = True) -> str:
 
 def line_chart(values: Sequence[float], *, width: int = 640, height: int = 220, label: str = "") -> str:
     """An inline SVG line chart of `values` against their index (policy versions 1..n), with its
-    axis ranges written out; an empty chart says so."""
+    axis ranges written out; an empty chart says so. Values that are not finite numbers are skipped;
+    at most `CHART_POINTS` are drawn (evenly sampled), so the chart's size is bounded."""
     pad_l, pad_r, pad_t, pad_b = 48, 12, 12, 28
     w, h = width - pad_l - pad_r, height - pad_t - pad_b
-    pts = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(float(v))]
+    pts = [f for f in (_finite(v) for v in values) if f is not None]
     parts = [
         f'<svg class="chart" role="img" aria-label="{e(label)}" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">',
@@ -68,12 +70,17 @@ def line_chart(values: Sequence[float], *, width: int = 640, height: int = 220, 
     if hi - lo < 1e-9:
         lo, hi = lo - 0.5, hi + 0.5
     n = len(pts)
+    shown = (
+        range(n)
+        if n <= CHART_POINTS
+        else sorted({round(k * (n - 1) / (CHART_POINTS - 1)) for k in range(CHART_POINTS)})
+    )
 
     def xy(i: int, v: float) -> tuple[float, float]:
         x = pad_l + (w * i / (n - 1) if n > 1 else w / 2)
         return round(x, 1), round(pad_t + h - (v - lo) / (hi - lo) * h, 1)
 
-    coords = [xy(i, v) for i, v in enumerate(pts)]
+    coords = [xy(i, pts[i]) for i in shown]
     parts.append(
         '<polyline fill="none" stroke="#2463eb" stroke-width="2.5" points="'
         + " ".join(f"{x},{y}" for x, y in coords)
@@ -88,6 +95,16 @@ def line_chart(values: Sequence[float], *, width: int = 640, height: int = 220, 
         "</svg>",
     ]
     return "".join(parts)
+
+
+def _finite(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:  # an integer beyond any float
+        return None
+    return f if math.isfinite(f) else None
 
 
 # ---------------------------------------------------------------------- pages
@@ -133,14 +150,20 @@ def raw(markup: str) -> str:
     return f"<td>{markup}</td>"
 
 
-def pages(total: int, current: int, base: str) -> tuple[int, int, str]:
-    """The rows [start, end) of page `current` (1-based, clamped) and the page links."""
-    n = max(1, math.ceil(total / PAGE_ROWS))
+def pages(total: int, current: int, base: str, rows: int = PAGE_ROWS) -> tuple[int, int, str]:
+    """The rows [start, end) of page `current` (1-based, clamped) and the page links (`{base}page=N`;
+    the previous and next pages marked `rel="prev"` / `rel="next"`)."""
+    n = max(1, math.ceil(total / rows))
     cur = min(max(1, current), n)
-    start = (cur - 1) * PAGE_ROWS
+    start = (cur - 1) * rows
     if n == 1:
-        return start, min(total, start + PAGE_ROWS), ""
+        return start, min(total, start + rows), ""
     links = []
     for p in sorted({1, cur - 1, cur, cur + 1, n} & set(range(1, n + 1))):
-        links.append(f"<b>{p}</b>" if p == cur else f'<a href="{e(base)}page={p}">{p}</a>')
-    return start, min(total, start + PAGE_ROWS), f'<nav class="pages">page {" ".join(links)} of {n}</nav>'
+        rel = ' rel="next"' if p == cur + 1 else ' rel="prev"' if p == cur - 1 else ""
+        links.append(f"<b>{p}</b>" if p == cur else f'<a href="{e(base)}page={p}"{rel}>{p}</a>')
+    return start, min(total, start + rows), f'<nav class="pages">page {" ".join(links)} of {n:,}</nav>'
+
+
+def page_count(total: int, rows: int = PAGE_ROWS) -> int:
+    return max(1, math.ceil(total / rows))

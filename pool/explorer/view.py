@@ -3,19 +3,23 @@ and the HTML that shows it. No I/O; `pool.explorer.server` reads the chain and t
 
 Every string shown comes from someone else (a spec URI and bootstrap address written by a pool owner, a
 daemon's status page, a worker's reason text) and is escaped; numbers are formatted here. Pages are
-self-contained (inline CSS and SVG, no script, no external asset) and refresh themselves.
+self-contained (inline CSS and SVG, no script, no external asset) and refresh themselves. Every list that
+can grow (pools, records, members, work per node, slashes and disputes, former members, validators) is
+shown `PAGE_ROWS` rows a page with links to the others, so a page costs the same in any pool: the pool
+page holds the first page of each, `section_page` the rest (`/pool/N/<section>?page=K`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
 from node.audit import AuditSnapshot, Rec, node_ledgers
 
-from .render import PAGE_ROWS, code, duration, e, line_chart, page, pages, raw, short, table, td, tokens
+from .live import live_table
+from .render import PAGE_ROWS, code, duration, e, line_chart, page, page_count, pages, raw, short, table, td, tokens
 
 POOL_STATUS = {0: "none", 1: "created", 2: "active", 3: "ended"}
 
@@ -38,9 +42,26 @@ class PoolView:
     left: dict[str, str]  # node -> how it left (left / ejected / blacklisted)
     validators: list[str]
     records: list[Rec] = field(default_factory=list)  # newest first
+    # derived once (a view is never changed after it is built, and pages are drawn from it in threads)
+    disputes: list[Rec] = field(init=False, repr=False)  # slashed, softly invalidated or disputed; newest first
+    by_node: dict[str, list[Rec]] = field(init=False, repr=False)  # lower-case node -> its records
+    slashed: int = field(init=False, repr=False)  # tokens slashed from all nodes
+    member_list: list[tuple[str, str]] = field(init=False, repr=False)  # (node, provider), sorted
+    node_list: list[str] = field(init=False, repr=False)  # nodes with a ledger, sorted
+    left_list: list[tuple[str, str]] = field(init=False, repr=False)  # (node, how), sorted
+
+    def __post_init__(self) -> None:
+        self.disputes = [r for r in self.records if r.status == "invalidated" or r.dispute]
+        self.by_node = {}
+        for r in self.records:
+            self.by_node.setdefault(r.node.lower(), []).append(r)
+        self.slashed = sum(int(n.get("slashed_tokens", 0)) for n in self.nodes.values())
+        self.member_list = sorted(self.members.items())
+        self.node_list = sorted(self.nodes)
+        self.left_list = sorted(self.left.items())
 
     def records_of(self, node: str) -> list[Rec]:
-        return [r for r in self.records if r.node.lower() == node.lower()]
+        return self.by_node.get(node.lower(), [])
 
 
 def pool_view(snap: AuditSnapshot) -> PoolView:
@@ -129,8 +150,9 @@ def _record_rows(recs: Sequence[Rec], now: int, pool_id: int) -> list[list[str]]
 _RECORD_HEAD = ["work key", "node", "units", "version", "state", "reward", "slashed", "evidence", "transactions"]
 
 
-def pools_page(pools: Sequence[Mapping[str, Any]], *, updated: str = "") -> str:
-    """The index: every pool of the deployment with its status, members and budget."""
+def pools_page(pools: Sequence[Mapping[str, Any]], *, page_no: int = 1, updated: str = "") -> str:
+    """The index: every pool of the deployment with its status, members and budget, `PAGE_ROWS` a page."""
+    start, end, nav = pages(len(pools), page_no, "/?")
     rows = [
         [
             raw(f'<a href="/pool/{int(p["pool_id"])}">pool {int(p["pool_id"])}</a>'),
@@ -140,10 +162,10 @@ def pools_page(pools: Sequence[Mapping[str, Any]], *, updated: str = "") -> str:
             raw(code(p.get("owner", ""))),
             raw(code(p.get("spec_uri", ""), title=False)),
         ]
-        for p in pools
+        for p in pools[start:end]
     ]
-    body = "<h1>Pools</h1>" + (
-        table(["pool", "status", "members", "budget", "owner", "task spec"], rows)
+    body = f"<h1>Pools ({len(pools):,})</h1>" + (
+        nav + table(["pool", "status", "members", "budget", "owner", "task spec"], rows) + nav
         if rows
         else '<p class="muted">no pool created yet</p>'
     )
@@ -176,7 +198,7 @@ def pool_page(
         ("invalidated units", f"{t.get('invalidated_units', 0):,}"),
         ("claimed units", f"{t.get('claimed_units', 0):,}"),
         ("rewards claimed", tokens(t.get("claimed_tokens", 0)) + " INTL"),
-        ("slashed", tokens(sum(int(n.get("slashed_tokens", 0)) for n in v.nodes.values())) + " INTL"),
+        ("slashed", tokens(v.slashed) + " INTL"),
         ("records", f"{len(v.records):,}"),
     ]
     out = [
@@ -204,55 +226,8 @@ def pool_page(
             ],
         ),
     ]
-    prov = v.providers
-    out += [
-        f"<h2>Members ({len(v.members)})</h2>",
-        table(
-            ["node", "provider", "provider's stake", "unbonding", "slashed"],
-            [
-                [
-                    raw(f'<a href="/pool/{v.pool_id}/node/{quote(n)}">{code(n)}</a>'),
-                    raw(code(pr)),
-                    td(tokens(prov.get(pr, {}).get("staked", 0)), True),
-                    td(tokens(prov.get(pr, {}).get("unbonding", 0)), True),
-                    td(tokens(prov.get(pr, {}).get("slashed", 0)), True),
-                ]
-                for n, pr in sorted(v.members.items())
-            ],
-        )
-        if v.members
-        else '<p class="muted">no members</p>',
-    ]
-    if v.left:
-        out.append(
-            '<p class="muted">no longer members: '
-            + ", ".join(f"{code(n)} ({e(how)})" for n, how in sorted(v.left.items()))
-            + "</p>"
-        )
-    out += [
-        f"<h2>Validators ({len(v.validators)})</h2>",
-        "<p>" + (", ".join(code(x) for x in v.validators) or '<span class="muted">none</span>') + "</p>",
-        "<h2>Work per node</h2>",
-        table(
-            ["node", "records", "recorded", "pending", "final", "invalidated", "claimed", "rewards", "slashed"],
-            [
-                [
-                    raw(f'<a href="/pool/{v.pool_id}/node/{quote(n)}">{code(n)}</a>'),
-                    td(led["records"], True),
-                    td(f"{led['recorded_units']:,}", True),
-                    td(f"{led['pending_units']:,}", True),
-                    td(f"{led['finalized_units']:,}", True),
-                    td(f"{led['invalidated_units']:,}", True),
-                    td(f"{led['claimed_units']:,}", True),
-                    td(tokens(led["claimed_tokens"]), True),
-                    td(tokens(led["slashed_tokens"]), True),
-                ]
-                for n, led in sorted(v.nodes.items())
-            ],
-            cls="per-node",
-        ),
-    ]
-    out += _disputes(v)
+    for _, draw in SECTIONS.values():  # the first page of each list, with links to the others
+        out += draw(v, 1)
     out += [
         "<h2>Reward per policy version</h2>",
         line_chart(reward_curve, label=f"pool {v.pool_id} mean reward per policy version"),
@@ -260,7 +235,7 @@ def pool_page(
         if not reward_curve
         else "",
     ]
-    out += _live(live)
+    out += live_table(live)
     start, end, nav = pages(len(v.records), page_no, f"/pool/{v.pool_id}?")
     out += [
         f"<h2>Records ({len(v.records):,}, newest first)</h2>",
@@ -271,17 +246,76 @@ def pool_page(
     return page(f"pool {v.pool_id}", "".join(out), updated=updated)
 
 
-def _disputes(v: PoolView) -> list[str]:
+def _node_link(v: PoolView, n: str) -> str:
+    return raw(f'<a href="/pool/{v.pool_id}/node/{quote(n)}">{code(n)}</a>')
+
+
+def _members(v: PoolView, page_no: int) -> list[str]:
+    start, end, nav = pages(len(v.member_list), page_no, f"/pool/{v.pool_id}/members?")
+    prov = v.providers
+    rows = [
+        [
+            _node_link(v, n),
+            raw(code(pr)),
+            td(tokens(prov.get(pr, {}).get("staked", 0)), True),
+            td(tokens(prov.get(pr, {}).get("unbonding", 0)), True),
+            td(tokens(prov.get(pr, {}).get("slashed", 0)), True),
+        ]
+        for n, pr in v.member_list[start:end]
+    ]
+    head = ["node", "provider", "provider's stake", "unbonding", "slashed"]
+    return [
+        f"<h2>Members ({len(v.member_list):,})</h2>",
+        nav + table(head, rows, cls="members") + nav if rows else '<p class="muted">no members</p>',
+    ]
+
+
+def _left(v: PoolView, page_no: int) -> list[str]:
+    if not v.left_list:
+        return []
+    start, end, nav = pages(len(v.left_list), page_no, f"/pool/{v.pool_id}/left?")
+    gone = ", ".join(f"{code(n)} ({e(how)})" for n, how in v.left_list[start:end])
+    return [f'<p class="muted">no longer members ({len(v.left_list):,}): {gone}</p>', nav]
+
+
+def _validators(v: PoolView, page_no: int) -> list[str]:
+    start, end, nav = pages(len(v.validators), page_no, f"/pool/{v.pool_id}/validators?")
+    shown = ", ".join(code(x) for x in v.validators[start:end]) or '<span class="muted">none</span>'
+    return [f"<h2>Validators ({len(v.validators):,})</h2>", f"<p>{shown}</p>", nav]
+
+
+def _work(v: PoolView, page_no: int) -> list[str]:
+    start, end, nav = pages(len(v.node_list), page_no, f"/pool/{v.pool_id}/work?")
     rows = []
-    for r in v.records:
-        if r.status != "invalidated" and not r.dispute:
-            continue
+    for n in v.node_list[start:end]:
+        led = v.nodes[n]
+        rows.append(
+            [
+                _node_link(v, n),
+                td(led["records"], True),
+                td(f"{led['recorded_units']:,}", True),
+                td(f"{led['pending_units']:,}", True),
+                td(f"{led['finalized_units']:,}", True),
+                td(f"{led['invalidated_units']:,}", True),
+                td(f"{led['claimed_units']:,}", True),
+                td(tokens(led["claimed_tokens"]), True),
+                td(tokens(led["slashed_tokens"]), True),
+            ]
+        )
+    head = ["node", "records", "recorded", "pending", "final", "invalidated", "claimed", "rewards", "slashed"]
+    return [f"<h2>Work per node ({len(v.node_list):,})</h2>", nav, table(head, rows, cls="per-node"), nav]
+
+
+def _disputes(v: PoolView, page_no: int) -> list[str]:
+    start, end, nav = pages(len(v.disputes), page_no, f"/pool/{v.pool_id}/disputes?")
+    rows = []
+    for r in v.disputes[start:end]:
         txs = list(dict.fromkeys(([r.settled_tx] if r.settled_tx else []) + list(r.dispute_txs)))
         what = "soft invalidation" if r.soft else ("slash" if r.status == "invalidated" else "accusation")
         rows.append(
             [
                 raw(code(r.work_key)),
-                raw(f'<a href="/pool/{v.pool_id}/node/{quote(r.node)}">{code(r.node)}</a>'),
+                _node_link(v, r.node),
                 td(what),
                 td(tokens(r.slashed) if r.slashed else ""),
                 raw(code(r.validator) if r.validator else ""),
@@ -292,37 +326,28 @@ def _disputes(v: PoolView) -> list[str]:
         )
     head = ["work key", "node", "what", "slashed", "by", "evidence", "appeal / challenge", "transactions"]
     return [
-        f"<h2>Slashes and disputes ({len(rows)})</h2>",
-        table(head, rows, cls="disputes") if rows else '<p class="muted">none</p>',
+        f"<h2>Slashes and disputes ({len(v.disputes):,})</h2>",
+        nav + table(head, rows, cls="disputes") + nav if rows else '<p class="muted">none</p>',
     ]
 
 
-def _live(live: Sequence[Mapping[str, Any]]) -> list[str]:
-    if not live:
-        return []
-    rows = []
-    for s in live:
-        if "error" in s and "role" not in s:
-            rows.append([td(s.get("url", "")), td("unreachable"), td(""), td(""), td(""), td(s["error"])])
-            continue
-        rejected = s.get("gossip_rejected") or {}
-        dropped = (
-            sum(int(x) for x in rejected.values() if isinstance(x, (int, float))) if isinstance(rejected, dict) else 0
-        )
-        rows.append(
-            [
-                td(s.get("url", "")),
-                td(s.get("role", "?")),
-                td(short(str(s.get("address", "")))),
-                td(s.get("peers", ""), True),
-                td(dropped, True),
-                td(s.get("phase") or s.get("last_error") or ""),
-            ]
-        )
-    return [
-        "<h2>Live</h2>",
-        table(["status page", "role", "address", "peers", "gossip rejected", "phase"], rows, cls="live"),
-    ]
+#: the lists of a pool page that have pages of their own: name -> (title, the section's markup)
+SECTIONS: dict[str, tuple[str, Callable[[PoolView, int], list[str]]]] = {
+    "members": ("members", _members),
+    "left": ("former members", _left),
+    "validators": ("validators", _validators),
+    "work": ("work per node", _work),
+    "disputes": ("slashes and disputes", _disputes),
+}
+
+
+def section_page(v: PoolView, section: str, *, page_no: int = 1, updated: str = "") -> str:
+    """One list of a pool, page `page_no` (`SECTIONS`)."""
+    title, draw = SECTIONS[section]
+    head = f"<h1><a href='/pool/{v.pool_id}'>Pool {v.pool_id}</a>: {e(title)}</h1>"
+    return page(
+        f"pool {v.pool_id} {title}", head + "".join(draw(v, page_no) or ['<p class="muted">none</p>']), updated=updated
+    )
 
 
 def node_page(v: PoolView, node: str, *, page_no: int = 1, updated: str = "") -> str:
@@ -370,4 +395,7 @@ def loading_page(what: str) -> str:
     return page(what, f'<p class="muted">reading the chain for {e(what)}; this page reloads itself</p>', refresh=2)
 
 
-__all__ = ["PAGE_ROWS", "PoolView", "line_chart", "node_page", "pool_page", "pool_view", "pools_page", "tokens"]
+__all__ = [
+    "PAGE_ROWS", "SECTIONS", "PoolView", "line_chart", "node_page", "page_count", "pool_page", "pool_view",
+    "pools_page", "section_page", "tokens",
+]  # fmt: skip
