@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any
 
 import httpx
-import numpy as np
 import trio
+
+from node.decoding import json_shape
 
 MAX_STATUS_BYTES = 256 * 1024
 STATUS_TIMEOUT = 3.0
@@ -30,16 +30,10 @@ MAX_NODES = 50_000  # values in one status page, all levels together
 MAX_INT = 2**256  # a uint256 is the largest number a daemon has a reason to send
 MAX_PARSE_DEPTH = 64  # deeper JSON is not parsed at all
 
-# A JSON string, unrolled to match in linear time; what is left outside strings has the brackets.
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_LEVEL = bytes(1 if c in b"[{" else 255 if c in b"]}" else 0 for c in range(256))  # +1 / -1 as int8
-
 
 def json_depth(body: bytes) -> int:
-    """How deeply a JSON document's arrays and objects nest, from its bytes alone (no recursion; an
-    unterminated string can only make it overestimate)."""
-    levels = np.frombuffer(_JSON_STRING.sub(b'""', body).translate(_LEVEL), dtype=np.int8)
-    return int(np.cumsum(levels, dtype=np.int64).max(initial=0))
+    """How deeply a JSON document's arrays and objects nest, from its bytes alone (`node.decoding`)."""
+    return json_shape(body)[0]
 
 
 def clean(value: Any) -> Any:
