@@ -8,6 +8,10 @@ one invocation on a fresh origin with the same random checkpoint:
 2. tree: ``--relays`` relays are announced the version at the same moment the clients start; each client
    fetches from the relays and the origin (the client's scheduler spreads shards by measured throughput).
 
+Each client connects from its own loopback address (127.0.0.10, .11, ...), as if it were another host:
+a server gives one address a share of its connections. The relays connect from 127.0.0.1, which the
+origin knows as its relays' address (as the coordinator knows its relays').
+
 The time of a phase runs from the announcement to the last client's verified, assembled file. Prints one
 JSON line: ``{"size_mb", "clients", "cap_mb_s", "origin_only_s", "tree_s", "speedup", "bytes_verified", ...}``.
 
@@ -35,13 +39,18 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 import trio
 
-from node.weights.client import DownloadStats, download
+from node.weights.client import DownloadStats, download, make_http_client
 from node.weights.relay import Relay
 from node.weights.serve import serve_weights
 from node.weights.store import WeightStore
 
 MB = 1024 * 1024
 VERSION = 1
+RELAY_IP = "127.0.0.1"  # where the relays connect from: the origin's relay_hosts
+
+
+def _client_ip(c: int) -> str:
+    return f"127.0.0.{10 + c}"
 
 
 async def _wait_event(ev: Event) -> None:
@@ -56,9 +65,10 @@ def _origin_proc(root: str, checkpoint: str, cap: float, shard_size: int, conn: 
         async with trio.open_nursery() as nursery:
             port = await nursery.start(
                 lambda task_status: serve_weights(
-                    store, "127.0.0.1", 0, rate_limit_bytes_per_s=cap, task_status=task_status
+                    store, "127.0.0.1", 0, rate_limit_bytes_per_s=cap, relay_hosts=lambda: {RELAY_IP},
+                    task_status=task_status,
                 )
-            )
+            )  # fmt: skip
             conn.send((port, manifest.manifest_hash()))
 
     trio.run(main)
@@ -82,13 +92,18 @@ def _relay_proc(root: str, upstream: str, cap: float, mhash: str, prefetch: bool
     trio.run(main)
 
 
-def _client_proc(dest: str, sources: list[str], mhash: str, parallel: int, go: Event, conn: Connection) -> None:
+def _client_proc(
+    dest: str, ip: str, sources: list[str], mhash: str, parallel: int, go: Event, conn: Connection
+) -> None:
     async def main() -> None:
         conn.send("ready")
         await _wait_event(go)
         started = time.time()
         stats = DownloadStats()
-        path = await download(VERSION, mhash, sources, Path(dest), parallel=parallel, stats=stats, timeout=900)
+        async with make_http_client(max_connections=max(8, parallel * 2), local_address=ip) as http:
+            path = await download(
+                VERSION, mhash, sources, Path(dest), parallel=parallel, stats=stats, timeout=900, client=http
+            )
         finished = time.time()
         size = path.stat().st_size  # download() checked the whole-file sha256 before returning
         per_source = {u: s.bytes for u, s in stats.sources.items()}
@@ -139,7 +154,10 @@ def _phase(
         pipes = []
         for c in range(clients):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_client_proc, args=(str(work / f"client{c}"), sources, mhash, parallel, go, child))
+            p = ctx.Process(
+                target=_client_proc,
+                args=(str(work / f"client{c}"), _client_ip(c), sources, mhash, parallel, go, child),
+            )
             p.start()
             procs.append(p)
             pipes.append(parent)
@@ -190,11 +208,15 @@ def main(argv: list[str] | None = None) -> int:
         help="relays fetch what is asked, or all",
     )
     args = ap.parse_args(argv)
+    if not 0 < args.clients <= 240:
+        ap.error("--clients must be 1..240 (one loopback address each)")
     size = args.size_mb * MB
     shard = int(args.shard_mb * MB) if args.shard_mb else min(4 * MB, max(64 * 1024, size // 32 // 65536 * 65536))
     cap = args.cap_mb_s * MB
     parallel = args.parallel or 2 * (args.relays + 1)
-    ctx = mp.get_context("spawn")
+    # forked children start at once; spawned ones import the node package again, each (seconds of CPU: on a
+    # loaded machine the processes took minutes to start)
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     with tempfile.TemporaryDirectory(prefix="broadcast-bench-") as tmp:
         work = Path(tmp)
         checkpoint = work / "model.safetensors"

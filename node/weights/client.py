@@ -67,12 +67,16 @@ def _disk_error(version: int, dest: Path, exc: OSError) -> DownloadError:
     return DownloadError(f"cannot write version {version} under {dest}: {exc.strerror or exc}{hint}")
 
 
-def make_http_client(max_connections: int = 64) -> httpx.AsyncClient:
+def make_http_client(max_connections: int = 64, local_address: str | None = None) -> httpx.AsyncClient:
+    """The weight fetches' HTTP client; ``local_address`` binds its connections to that source address
+    (the benchmark gives each of its loopback clients its own, as if each were another host)."""
+    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
     return httpx.AsyncClient(
         timeout=httpx.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT),
-        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        limits=limits,
         follow_redirects=False,
         trust_env=False,
+        transport=httpx.AsyncHTTPTransport(limits=limits, local_address=local_address) if local_address else None,
     )
 
 
