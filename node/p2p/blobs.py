@@ -21,11 +21,8 @@ import contextlib
 import hashlib
 import logging
 import os
-import re
-import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +31,7 @@ import msgpack
 from node.decoding import DecodeError, unpack_msgpack
 from node.fsio import write_file
 from node.p2p.host import DEFAULT_MAX_RESPONSE, P2PError, P2PNode, Refused
+from node.p2p.uploads import _KEY_RE, MIN_UPLOAD_RATE, UPLOAD_GRACE, UploadState, _digest_hex
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +39,6 @@ BLOB_PROTOCOL = "/intellect/blob/1"
 UPLOAD_PROTOCOL = "/intellect/upload/1"
 EVIDENCE_PROTOCOL = "/intellect/evidence/1"
 DEFAULT_CHUNK = 256 * 1024
-_KEY_RE = re.compile(r"^(?:0x)?([0-9a-fA-F]{64})$")
 _ENVELOPE_OVERHEAD = 256  # msgpack framing around a chunk, generously
 _MIN_AVG_CHUNK = 4096  # a peer answering in tinier chunks than this on average is cut off
 
@@ -49,14 +46,6 @@ _MIN_AVG_CHUNK = 4096  # a peer answering in tinier chunks than this on average 
 def blob_key(data: bytes) -> str:
     """``0x``-hex sha256 of ``data``: the blob's key."""
     return "0x" + hashlib.sha256(data).hexdigest()
-
-
-def _digest_hex(key: str) -> str:
-    """The 64 lowercase hex digits of a key (with or without ``0x``); ValueError otherwise."""
-    m = _KEY_RE.match(key) if isinstance(key, str) else None
-    if m is None:
-        raise ValueError(f"not a sha256 blob key: {key!r}")
-    return m.group(1).lower()
 
 
 class BlobStore:
@@ -137,95 +126,6 @@ class BlobStore:
         return out
 
 
-@dataclass
-class _Upload:
-    path: Path
-    total: int
-    received: int = 0
-    hasher: Any = field(default_factory=hashlib.sha256)
-    last_seen: float = field(default_factory=time.monotonic)
-
-
-class _UploadState:
-    """In-progress uploads, keyed by (sender, digest); bounded in count and in bytes per sender."""
-
-    def __init__(
-        self, store: BlobStore, max_uploads: int, max_sender_bytes: int, stale_after: float, max_per_sender: int = 2
-    ) -> None:
-        self.store = store
-        self.max_uploads = max_uploads
-        self.max_per_sender = max_per_sender
-        self.max_sender_bytes = max_sender_bytes
-        self.stale_after = stale_after
-        self.uploads: dict[tuple[str, str], _Upload] = {}
-        self.tmp_dir = store.root / ".uploads"
-        self.tmp_dir.mkdir(parents=True, exist_ok=True)
-
-    def _drop(self, ident: tuple[str, str]) -> None:
-        up = self.uploads.pop(ident, None)
-        if up is not None:
-            with contextlib.suppress(OSError):
-                up.path.unlink()
-
-    def _evict_stale(self) -> None:
-        now = time.monotonic()
-        for ident, up in list(self.uploads.items()):
-            if now - up.last_seen > self.stale_after:
-                self._drop(ident)
-
-    def _begin(self, sender: str, digest: str, total: int) -> _Upload:
-        self._evict_stale()
-        if len(self.uploads) >= self.max_uploads:
-            raise ValueError(f"too many concurrent uploads (limit {self.max_uploads})")
-        if sum(1 for s, _ in self.uploads if s == sender) >= self.max_per_sender:
-            raise ValueError(f"sender has {self.max_per_sender} uploads in progress already")
-        pending = sum(u.total for (s, _), u in self.uploads.items() if s == sender)
-        if pending + total > self.max_sender_bytes:
-            raise ValueError(f"sender would exceed {self.max_sender_bytes} in-progress upload bytes")
-        fd, tmp = tempfile.mkstemp(dir=self.tmp_dir, prefix=f"{digest[:16]}-", suffix=".part")
-        os.close(fd)
-        up = _Upload(path=Path(tmp), total=total)
-        self.uploads[(sender, digest)] = up
-        return up
-
-    def handle(self, sender: str, key: str, offset: int, total: int, chunk: bytes) -> tuple[int, bool]:
-        digest = _digest_hex(key)
-        if total < 0 or total > self.store.max_bytes:
-            raise ValueError(f"declared size {total} outside 0..{self.store.max_bytes}")
-        ident = (sender, digest)
-        if offset == 0 and self.store.has(key):
-            self._drop(ident)
-            return total, True
-        up = self.uploads.get(ident)
-        if offset == 0 and up is not None:
-            self._drop(ident)  # a restart from scratch replaces the old attempt
-            up = None
-        if up is None:
-            if offset != 0:
-                raise ValueError("upload must start at offset 0")
-            up = self._begin(sender, digest, total)
-        if up.total != total or offset != up.received:
-            self._drop(ident)
-            raise ValueError("upload out of order or inconsistent size")
-        if up.received + len(chunk) > up.total or (not chunk and up.total > 0):
-            self._drop(ident)
-            raise ValueError("chunk runs past the declared size")
-        with up.path.open("ab") as fh:
-            fh.write(chunk)
-        up.hasher.update(chunk)
-        up.received += len(chunk)
-        up.last_seen = time.monotonic()
-        if up.received < up.total:
-            return up.received, False
-        ok = up.hasher.hexdigest() == digest
-        if not ok:
-            self._drop(ident)
-            raise ValueError("uploaded bytes do not match the declared sha256 key")
-        self.uploads.pop(ident, None)
-        self.store.put_file(key, up.path)
-        return up.received, True
-
-
 def serve_blobs(
     node: P2PNode,
     store: BlobStore,
@@ -238,7 +138,11 @@ def serve_blobs(
     allow: Callable[[str], bool] | None = None,
     accept_uploads: bool = True,
     protocol: str = BLOB_PROTOCOL,
-) -> None:
+    may_upload: Callable[[str], str | None] | None = None,
+    submitted: Callable[[str], bool] | None = None,
+    min_rate: float = MIN_UPLOAD_RATE,
+    grace: float = UPLOAD_GRACE,
+) -> UploadState | None:
     """Serve ``store`` on ``protocol`` (``/intellect/blob/1``) and (with `accept_uploads`) accept
     verified uploads on ``/intellect/upload/1``.
 
@@ -246,13 +150,26 @@ def serve_blobs(
     gets a one-line refusal and costs nothing else (the coordinator passes its membership check).
     Uploads are bounded: at most ``max_uploads`` in progress, ``max_uploads_per_sender`` per sender, at
     most ``max_sender_bytes`` declared bytes in progress per sender (default: twice the store's blob
-    limit); idle ones expire after ``stale_after`` seconds when room is needed."""
+    limit); idle ones expire after ``stale_after`` seconds, and when room is needed those that average
+    under ``min_rate`` bytes a second after ``grace`` seconds give their slots up. `may_upload(sender)`
+    (None, or why not) is asked before an upload starts: the coordinator takes files only from a node
+    with an open task. A sender keeps at most `MAX_UNSUBMITTED` finished uploads that `submitted(key)`
+    does not know: a further one deletes its oldest."""
     if chunk <= 0:
         raise ValueError("chunk must be positive")
     # only a store that takes uploads gets their temp folder (a read-only one, an evidence folder say,
     # holds its blobs and nothing else)
     uploads = (
-        _UploadState(store, max_uploads, max_sender_bytes or 2 * store.max_bytes, stale_after, max_uploads_per_sender)
+        UploadState(
+            store,
+            max_uploads,
+            max_sender_bytes or 2 * store.max_bytes,
+            stale_after,
+            max_uploads_per_sender,
+            min_rate=min_rate,
+            grace=grace,
+            submitted=submitted,
+        )
         if accept_uploads
         else None
     )
@@ -287,6 +204,10 @@ def serve_blobs(
         ):
             raise ValueError("malformed upload request")
         assert uploads is not None  # registered only with `accept_uploads`
+        if req[1] == 0 and may_upload is not None:  # a new upload (or a restart) needs the server's leave
+            why_not = may_upload(sender)
+            if why_not is not None:
+                raise Refused(why_not)
         received, done = uploads.handle(sender, req[0], req[1], req[2], req[3])
         return msgpack.packb([received, done], use_bin_type=True)
 
@@ -295,6 +216,7 @@ def serve_blobs(
         # one chunk per request (uploaders send DEFAULT_CHUNK), with room for its key and offsets; a sender
         # `allow` refuses is turned away before its chunk is read
         node.set_handler(UPLOAD_PROTOCOL, on_upload, max_request=DEFAULT_CHUNK + 4096, allow=allow)
+    return uploads
 
 
 def _unpack_pair(body: bytes, what: str) -> list[Any]:

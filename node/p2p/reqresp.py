@@ -187,7 +187,9 @@ class RequestsMixin:
                             else logging.INFO
                         )
                         logger.log(level, "handler %s failed for %s: %r", protocol_id, sender, exc)
-                        reply = bytes([_STATUS_ERR]) + _frame(f"handler error: {type(exc).__name__}".encode())
+                        # a refusal says why (its text is ours); any other error only its type
+                        why = f": {str(exc)[:300]}" if isinstance(exc, Refused) else ""
+                        reply = bytes([_STATUS_ERR]) + _frame(f"handler error: {type(exc).__name__}{why}".encode())
                     await stream.write(reply)
                 await stream.close()
                 drop_unread(stream)  # whatever the peer sent past its request

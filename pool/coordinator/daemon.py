@@ -38,6 +38,7 @@ from node.p2p.host import COORDINATOR_MAX_CONNECTIONS
 from node.p2p.membership import ChainMembership
 from node.p2p.network import PoolNetwork
 from node.p2p.rules import SenderBudget
+from node.p2p.uploads import MIN_UPLOAD_RATE, UPLOAD_GRACE, UploadState
 from node.policy import RelayBook
 from node.tasks import get_env
 from node.taskspec import TaskSpec, TaskSpecError, pool_spec
@@ -93,6 +94,9 @@ class CoordinatorConfig:
     keep_checkpoint_seconds: float = 6 * 3600.0  # and every version current within this long
     blacklist_after: int = 0  # invalidated records after which a node gets no task and is blacklisted (0: never)
     orphan_after: float = 600.0  # an upload no accepted rollout names is deleted after this long
+    max_uploads: int = 32  # uploads in progress at once (one per member node with an open task)
+    min_upload_rate: float = MIN_UPLOAD_RATE  # below it on average (after upload_grace s), a slot is given up
+    upload_grace: float = UPLOAD_GRACE
     thresholds: Calibrated | None = None  # --thresholds, loaded, for the trainer's checks (None: the spec model's)
     seed: int | None = None  # fixed task seeds (reproducible experiments); None: unpredictable
     explorer: tuple[str, int] | None = None  # serve the pool's explorer here (`pool.explorer`)
@@ -119,6 +123,7 @@ class Coordinator(IntakeMixin, LedgerMixin, NetworkMixin, TrainingMixin):
         self._rejection_logged: dict[str, float] = {}
         self.chain: ChainClient | None = None
         self.membership: ChainMembership | None = None
+        self.upload_state: UploadState | None = None  # uploads in progress (set when the network is up)
         self.net: PoolNetwork | None = None
         self.rejected: Counter[str] = Counter()
         self.heartbeats: dict[str, float] = {}
@@ -228,7 +233,11 @@ class Coordinator(IntakeMixin, LedgerMixin, NetworkMixin, TrainingMixin):
                     max_connections=COORDINATOR_MAX_CONNECTIONS,  # every worker and validator dials it
                 )
                 async with self.net:
-                    serve_blobs(self.net.node, self.blobs, max_uploads=32, allow=self.may_use_blobs)
+                    self.upload_state = serve_blobs(
+                        self.net.node, self.blobs, max_uploads=cfg.max_uploads, allow=self.may_use_blobs,
+                        may_upload=self.may_upload, submitted=self.state.has_rollout,
+                        min_rate=cfg.min_upload_rate, grace=cfg.upload_grace,
+                    )  # fmt: skip
                     serve_evidence(self.net, self.evidence)
                     self.net.node.set_handler(protocol.INVITE_PROTOCOL, self._on_invite)
                     self.net.node.set_handler(protocol.TASK_PROTOCOL, self._on_task)

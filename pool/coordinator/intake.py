@@ -18,6 +18,7 @@ from node.chain.errors import RpcUnavailable
 from node.chain.signing import RolloutClaim
 from node.p2p.patches import prefix_of
 from node.p2p.reqresp import PEER_IP
+from node.p2p.rules import ROLE_MEMBER
 from node.rollout.budget import ParseBusy
 from node.rollout.file import RolloutFile, RolloutFormatError
 from node.rollout.intake import completion_hashes
@@ -145,6 +146,15 @@ class IntakeMixin:
         """Uploads and downloads: members (their own rollouts) and validators (to check them) only."""
         assert self.membership is not None
         return self.membership.snapshot().role(sender) is not None
+
+    def may_upload(self, sender: str) -> str | None:
+        """Uploads only from a member node that holds an open task (the file it will submit for it): a
+        member cannot hold upload slots, or fill the disk, with files no task asked for."""
+        if self.membership is None or self.membership.snapshot().role(sender) != ROLE_MEMBER:
+            return "only the pool's member nodes upload rollout files"
+        if self.state.open_task(sender, time.time()) is None:
+            return f"node {sender} holds no open task: ask for one, then upload its file"
+        return None
 
     async def _on_task(self, request: bytes, sender: str) -> bytes:
         cfg = self.cfg

@@ -199,6 +199,10 @@ class CoordinatorState:
         row = self.store.one("SELECT * FROM rollouts WHERE work_key = ?", (key,))
         return dict(row) if row is not None else None
 
+    def has_rollout(self, key: str) -> bool:
+        """Whether a submission of `key` was accepted (its file is no sender's unsubmitted upload)."""
+        return self.store.one("SELECT 1 FROM rollouts WHERE work_key = ?", (key,)) is not None
+
     def prior_draws(self, prompt_hash: str) -> int:
         """Accepted completions of a prompt (its draws)."""
         return int(self.store.scalar("SELECT COUNT(*) FROM completions WHERE prompt = ?", (prompt_hash,)) or 0)

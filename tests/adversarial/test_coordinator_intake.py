@@ -139,7 +139,9 @@ async def test_outsiders_unsigned_and_foreign_signed_submissions_and_orphans(
             reply = await ask(protocol.SUBMIT_PROTOCOL, {"work_key": key, "task_id": task.task_id, "signature": mine})
             assert reply["ok"] is True and reply["status"] == "accepted", reply
 
-            # blobs a member uploads and never submits are deleted after orphan_after; accepted ones stay
+            # blobs a member uploads (under an open task) and never submits are deleted after orphan_after;
+            # accepted ones stay
+            await ask(protocol.TASK_PROTOCOL, {})
             junk = await upload_blob(net.node, peer, os.urandom(3000))
             assert f"{junk[2:]}" in "".join(blob_files())
             with trio.fail_after(30):
