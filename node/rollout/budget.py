@@ -45,8 +45,9 @@ class FileLimits:
 
     @property
     def values(self) -> int:
-        """Leaf values its pages may declare: prompt and completion tokens, logprobs, the scalars."""
-        return self.rows * (self.prompt_tokens + 2 * self.completion_tokens + ROW_SCALARS)
+        """Values its pages may declare: prompt and completion tokens, logprobs and the scalars, each at
+        most twice (a dictionary-encoded column declares its dictionary's entries besides its values)."""
+        return 2 * self.rows * (self.prompt_tokens + 2 * self.completion_tokens + ROW_SCALARS)
 
 
 class MemoryBudget:
