@@ -1,7 +1,7 @@
 """The broadcast's HTTP side: a trio + h11 HTTP/1.1 server with ``GET /versions``,
 ``GET /v/<version>/manifest.json`` and ``GET /v/<version>/shard/<i>`` over a `WeightStore`. Bounded:
-request head size, concurrent connections (a share of them per address, slots reserved for relays and
-members), requests per connection, idle time between requests and stall time per sent chunk; a shard
+request head size, concurrent connections (a share of them per address, idle ones evicted to make room,
+slots reserved for relays and members), requests per connection, idle time between requests and stall time per sent chunk; a shard
 is streamed from disk in `READ_CHUNK` pieces (memory per connection, not per shard);
 ``rate_limit_bytes_per_s`` caps the node's upload with one token bucket shared by all its connections.
 A client's reset, stall or garbage ends that client's connection, never the server."""
@@ -276,7 +276,8 @@ async def _serve_connection(
                 high = any(k == RELAY_HEADER and v == b"1" for k, v in ev.headers) and (
                     relay_hosts is None or peer in relay_hosts()
                 )
-                await _respond(stream, conn, store, limiter, ev.method, ev.target, shard_wait, high)
+                with httpd.answering():  # not idle: the server evicts idle connections only
+                    await _respond(stream, conn, store, limiter, ev.method, ev.target, shard_wait, high)
             except h11.RemoteProtocolError as exc:
                 if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                     await _send_json(stream, conn, exc.error_status_hint, {"error": "bad request"})
@@ -308,7 +309,9 @@ async def serve_weights(
 
     ``port = await nursery.start(serve_weights, store, "127.0.0.1", 0)``. Connections over
     ``max_connections``, or over an address's share of them (1/`ADDRESS_SHARE`; a known relay's aside), get a
-    503 and are closed; ``rate_limit_bytes_per_s`` caps the whole node's upload.
+    503 and are closed, unless an idle connection (one waiting for a request) can be ended to make room:
+    of the same address when it is at its share, else of the address holding the most (`httpd.serve`'s
+    ``evict_idle``; a relay's never). ``rate_limit_bytes_per_s`` caps the whole node's upload.
     Requests with the relay header are served first under the cap (strict priority). With
     ``relay_hosts`` (the IP addresses of the known relays, asked per request) only connections from
     those addresses get that priority, so an ordinary client cannot claim it and starve the others.
@@ -325,7 +328,7 @@ async def serve_weights(
 
     await httpd.serve(
         host, port, handle, max_connections=max_connections, what="weights server",
-        max_per_ip=max(1, max_connections // ADDRESS_SHARE),
+        max_per_ip=max(1, max_connections // ADDRESS_SHARE), evict_idle=True,
         trusted=relay_hosts, reserved=RELAY_RESERVED if relay_hosts is not None else 0,
         members=member_hosts, member_reserved=MEMBER_RESERVED, task_status=task_status,
     )  # fmt: skip

@@ -95,16 +95,23 @@ def _get_from(url: str, source_ip: str) -> int:
 
 
 async def test_outsiders_that_fill_the_origin_do_not_lock_members_out(tmp_path: Path) -> None:
-    """Enough addresses each take their share of the origin's connections with unfinished request heads:
-    every ordinary slot is held. A client from an outsider's address gets 503; a member (an address its
-    libp2p connection comes from, `member_hosts`) is served from the slots kept for members."""
+    """Enough addresses each take their share of the origin's connections with shard downloads they do
+    not read (busy connections: the server evicts only idle ones): every ordinary slot is held. A client
+    from an outsider's address gets 503; a member (an address its libp2p connection comes from,
+    `member_hosts`) is served from the slots kept for members."""
+    import os
+
     from node.weights.serve import ADDRESS_SHARE, MEMBER_RESERVED
 
+    checkpoint = tmp_path / "model.safetensors"
+    checkpoint.write_bytes(os.urandom(4 << 20))
+    store = WeightStore(tmp_path / "w")
+    store.publish(checkpoint, 1, shard_size=4 << 20)
     cap, share = 32, 32 // ADDRESS_SHARE
     async with trio.open_nursery() as nursery:
         port = await nursery.start(
             functools.partial(
-                serve_weights, WeightStore(tmp_path / "w"), "127.0.0.1", 0, max_connections=cap,
+                serve_weights, store, "127.0.0.1", 0, max_connections=cap,
                 relay_hosts=lambda: set(), member_hosts=lambda: {"127.0.0.9"},
             )
         )  # fmt: skip
@@ -112,10 +119,11 @@ async def test_outsiders_that_fill_the_origin_do_not_lock_members_out(tmp_path: 
         for ip in (f"127.0.0.{10 + k}" for k in range(cap // share)):
             for _ in range(share):
                 sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
                 await sock.bind((ip, 0))
                 await sock.connect(("127.0.0.1", port))
                 stream = trio.SocketStream(sock)
-                await stream.send_all(b"GET /versions HTTP/1.1\r\n")  # and the rest of the head never comes
+                await stream.send_all(b"GET /v/1/shard/0 HTTP/1.1\r\nHost: x\r\n\r\n")  # and reads nothing
                 held.append(stream)
         await trio.sleep(0.5)
         url = f"http://127.0.0.1:{port}/versions"

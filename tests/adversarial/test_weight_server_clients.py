@@ -227,6 +227,25 @@ async def test_idle_sockets_from_a_few_addresses_do_not_lock_an_outsider_out(tmp
             _close_all(held)
 
 
+async def test_idle_sockets_from_many_addresses_are_evicted_for_an_outsider(tmp_path: Path) -> None:
+    """Twenty addresses each open 16 idle sockets (320, more than all the connections there are, and no
+    more than an address's share): a client from another address is still served (an idle connection of
+    the address holding the most is ended to make room; old code: 503), and so is a download."""
+    store, mhash = _publish(tmp_path, 4 * MB, 1 * MB)
+    held: list[trio.SocketStream] = []
+    share = MAX_CONNECTIONS // 16
+    with trio.fail_after(90):
+        async with _server(store) as (port, died):
+            for k in range(20):
+                for _ in range(share):
+                    await _idle(port, f"127.0.0.{20 + k}", held)
+            await trio.sleep(0.5)
+            assert await _honest_versions(port, "127.0.0.6") == 200
+            assert await _honest_download(port, mhash, tmp_path / "honest", 30.0) == 4 * MB
+            assert not died
+            _close_all(held)
+
+
 async def test_slow_readers_do_not_hold_a_shard_each_in_memory(tmp_path: Path) -> None:
     """Old code: every shard request read the whole shard into memory before sending it; 16 readers
     that stop reading held 16 x 16 MiB (128 such readers of 16 MiB shards: 2.1 GB). The shard is now

@@ -370,15 +370,30 @@ async def test_relay_priority_only_for_known_relay_hosts(tmp_path: Path, trusted
 
 
 async def test_connections_over_the_cap_get_503(tmp_path: Path) -> None:
+    """A connection being answered fills the cap: the next one gets 503. An idle one (waiting for a
+    request) is ended to make room instead."""
+    import socket
+
     origin = WeightStore(tmp_path / "origin")
     m = origin.publish(_checkpoint(tmp_path, 10_000), 1, shard_size=4096)
+    origin.publish(_checkpoint(tmp_path, 4 << 20), 2, shard_size=4 << 20)
     async with trio.open_nursery() as nursery:
         port = await nursery.start(
             lambda task_status: serve_weights(origin, "127.0.0.1", 0, max_connections=1, task_status=task_status)
         )
         url = f"http://127.0.0.1:{port}"
-        held = await trio.open_tcp_stream("127.0.0.1", port)  # an open connection fills the cap
+        idle = await trio.open_tcp_stream("127.0.0.1", port)
         await trio.sleep(0.05)
+        async with httpx.AsyncClient() as http:
+            r = await http.get(f"{url}/v/1/manifest.json", timeout=5)
+            assert r.status_code == 200  # the idle connection was ended for it
+            await idle.aclose()
+        sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        await sock.connect(("127.0.0.1", port))
+        held = trio.SocketStream(sock)  # asks for a 4 MiB shard and reads nothing: busy, it fills the cap
+        await held.send_all(b"GET /v/2/shard/0 HTTP/1.1\r\nHost: x\r\n\r\n")
+        await trio.sleep(0.2)
         async with httpx.AsyncClient() as http:
             r = await http.get(f"{url}/v/1/manifest.json", timeout=5)
             assert r.status_code == 503 and r.json() == {"error": "too many connections"}
