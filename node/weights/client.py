@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import shutil
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from pathlib import Path
 import httpx
 import trio
 
+from node.decoding import loads_json
 from node.errors import IntellectError, PeerError
 from node.store import DISK_FULL
 from node.weights.manifest import (
@@ -156,7 +156,8 @@ async def probe_relay(
     want = {v: h.lower().removeprefix("0x") for v, h in history.items() if h}
     root = base.rstrip("/")
     try:
-        listing = json.loads(await _get(client, f"{root}/versions", MAX_VERSIONS_BYTES, timeout))
+        body = await _get(client, f"{root}/versions", MAX_VERSIONS_BYTES, timeout)
+        listing = loads_json(body, what="version list", max_bytes=MAX_VERSIONS_BYTES)
         held = {
             int(e["version"]): str(e["manifest_hash"]).lower()
             for e in listing["versions"]
