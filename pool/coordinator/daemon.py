@@ -45,7 +45,7 @@ from node.taskspec import TaskSpec, TaskSpecError, pool_spec
 from node.weights.serve import serve_weights
 from node.weights.store import WeightStore
 
-from .intake import OUTSIDER_READS, IntakeMixin
+from .intake import OUTSIDER_READS, REQUEST_BUDGETS, IntakeMixin
 from .ledger import LedgerMixin
 from .network import NetworkMixin
 from .state import CoordinatorState
@@ -55,6 +55,9 @@ if TYPE_CHECKING:
     from node.verify import Calibrated
 
 log = logging.getLogger("intellect.coordinator")
+
+
+SMALL_REQUEST = 4096
 
 
 @dataclass
@@ -109,6 +112,9 @@ class Coordinator(IntakeMixin, LedgerMixin, NetworkMixin, TrainingMixin):
         self.key = key
         self.metrics = metrics
         self._parse_limiter = trio.CapacityLimiter(4)  # rollout files parsed at once on submission
+        # task requests and submissions a member node may make: a flood of either (each one a database
+        # read or write) is turned away before it costs more than its decoding
+        self.request_budget = SenderBudget(REQUEST_BUDGETS)
         self._member_hosts: tuple[float, set[str]] = (-1e9, set())
         self.state = CoordinatorState(cfg.data_dir / "coordinator.db")
         self.store = self.state.store
@@ -240,8 +246,11 @@ class Coordinator(IntakeMixin, LedgerMixin, NetworkMixin, TrainingMixin):
                     )  # fmt: skip
                     serve_evidence(self.net, self.evidence)
                     self.net.node.set_handler(protocol.INVITE_PROTOCOL, self._on_invite)
-                    self.net.node.set_handler(protocol.TASK_PROTOCOL, self._on_task)
-                    self.net.node.set_handler(protocol.SUBMIT_PROTOCOL, self._on_submit, timeout=60.0)
+                    # a task request or a submission is a few hundred bytes: a bigger frame is refused unread
+                    self.net.node.set_handler(protocol.TASK_PROTOCOL, self._on_task, max_request=SMALL_REQUEST)
+                    self.net.node.set_handler(
+                        protocol.SUBMIT_PROTOCOL, self._on_submit, timeout=60.0, max_request=SMALL_REQUEST
+                    )
                     self.net.node.set_handler(protocol.SIGNATURE_PROTOCOL, self._on_signature)
                     self.note_downtime(time.time())
                     nursery.start_soon(self.alive_loop)

@@ -41,6 +41,16 @@ ALIVE_EVERY = 30.0  # seconds between the coordinator's "alive" marks in its sta
 ALIVE_GRACE = 60.0  # after a restart, seconds in which an expiring task is still the outage's, not its node's
 
 
+#: (per second, burst) of the requests a member node may make: an honest worker asks for a task and
+#: submits its file once per task (retries after "busy" included, far below these).
+REQUEST_BUDGETS: dict[str, tuple[float, float]] = {"task": (2.0, 30.0), "submit": (2.0, 30.0)}
+
+
+def too_many(what: str, kind: str) -> tuple[str, str]:
+    rate, burst = REQUEST_BUDGETS[kind]
+    return f"too many {what}: at most {rate:g} a second (bursts of {burst:g})", "slow down"
+
+
 class IntakeMixin:
     """State set up by `Coordinator.__init__`."""
 
@@ -163,6 +173,8 @@ class IntakeMixin:
                 return protocol.refuse(f"node {sender} is not a member of pool {cfg.pool_id}", "join the pool first")
         except RpcUnavailable:
             return protocol.refuse("the coordinator cannot reach its chain node right now", "retry in a minute")
+        if not self.request_budget.take(sender, "task", time.monotonic()):
+            return protocol.refuse(*too_many("task requests", "task"))
         if 0 < cfg.blacklist_after <= self.invalidations(sender):
             return protocol.refuse(f"node {sender} had {self.invalidations(sender)} record(s) invalidated in this pool")
         try:
@@ -298,6 +310,8 @@ class IntakeMixin:
                 return protocol.refuse(f"node {sender} is not a member of pool {self.cfg.pool_id}")
         except RpcUnavailable:
             return protocol.refuse("the coordinator cannot reach its chain node right now", "retry in a minute")
+        if not self.request_budget.take(sender, "submit", time.monotonic()):
+            return protocol.refuse(*too_many("submissions", "submit"))
         req = protocol.unpack(request, "submission")
         key, task_id, signature = req.get("work_key"), req.get("task_id"), req.get("signature")
         if not isinstance(key, str) or not isinstance(task_id, str) or not re.fullmatch(r"0x[0-9a-f]{64}", key):
