@@ -32,7 +32,18 @@ KEYS = {
 @pytest.mark.slow
 def test_gossip_bench_four_nodes_loses_nothing() -> None:
     proc = subprocess.run(
-        [sys.executable, "bench/gossip.py", "--nodes", "4", "--messages", "100", "--seconds-limit", "45"],
+        [
+            sys.executable,
+            "bench/gossip.py",
+            "--nodes",
+            "4",
+            "--messages",
+            "100",
+            "--seconds-limit",
+            "45",
+            "--runs",
+            "1",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
