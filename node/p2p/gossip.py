@@ -36,6 +36,39 @@ SPAM_LIMIT_PER_SECOND = 5000.0
 _RECEIVER_RATE = 200.0  # msg/s a busy receiver surely consumes; lower = safer, slower exit
 _BACKLOG_WINDOW_S = 3.0
 
+# Outbound coalescing: publish RPCs queued for one peer while its writer was busy go out as one RPC of
+# at most this many bytes (one varint, one Noise frame, one Yamux frame, one send(), one peer record and
+# one parse at the receiver instead of one each per message). Far under what any node accepts in one RPC
+# (a single envelope may be 256 KiB, `envelope.MAX_ENVELOPE_BYTES`).
+COALESCE_MAX_BYTES = 64 * 1024
+
+
+def _publish_only(rpc: rpc_pb2.RPC) -> bool:
+    """An RPC that only carries messages (no subscriptions, no control): such RPCs may be merged in
+    order; control (GRAFT, PRUNE, IHAVE, IWANT) is never merged, so its order and meaning stay as sent."""
+    return bool(rpc.publish) and not rpc.subscriptions and not rpc.HasField("control")
+
+
+def coalesce(
+    first: rpc_pb2.RPC, take: Callable[[], rpc_pb2.RPC | None], max_bytes: int = COALESCE_MAX_BYTES
+) -> tuple[rpc_pb2.RPC, rpc_pb2.RPC | None]:
+    """Merge into `first` the publish-only RPCs that `take()` hands out next (None: nothing queued),
+    while the result stays within `max_bytes`. Returns the RPC to send and the first RPC taken but not
+    merged (to be sent after it, in order), if any."""
+    if not _publish_only(first):
+        return first, None
+    size = first.ByteSize()
+    while size < max_bytes:
+        nxt = take()
+        if nxt is None:
+            return first, None
+        extra = sum(m.ByteSize() + 8 for m in nxt.publish)  # each message's tag and length prefix: < 8
+        if not _publish_only(nxt) or size + extra > max_bytes:
+            return first, nxt
+        first.publish.extend(nxt.publish)
+        size += extra
+    return first, None
+
 
 class NodePubsub(Pubsub):
     """Pubsub that hands messages to the node instead of its own 32-slot subscription channels, and
@@ -62,6 +95,31 @@ class NodePubsub(Pubsub):
 
     def notify_subscriptions(self, publish_message: rpc_pb2.Message) -> None:
         self._deliver(publish_message)
+
+    def _is_subscribed_to_msg(self, msg: rpc_pb2.Message) -> bool:
+        """The reader asks this of each received message right before it starts a task for it: a copy of
+        a message already handled (most of what a mesh delivers: every peer forwards each message to
+        its whole mesh) ends here instead of in a task that `push_msg` would end at once."""
+        return super()._is_subscribed_to_msg(msg) and not self._is_msg_seen(msg)
+
+    async def handle_sending_messages(self, peer_id: ID, stream: Any, queue: Any) -> None:
+        """The library's per-peer writer, sending what piled up in the queue while it was writing as one
+        RPC (`coalesce`): the busier a node, the fewer frames each message costs it and its peers,
+        instead of a backlog that grows once it falls behind."""
+        pending: rpc_pb2.RPC | None = None
+        inner = getattr(queue, "_queue", None)  # RpcQueue's PriorityQueue: a pop that never waits
+        take: Callable[[], rpc_pb2.RPC | None] = inner.pop if inner is not None else (lambda: None)
+        try:
+            while True:
+                rpc = pending if pending is not None else await queue.pop()
+                if rpc is None:
+                    return
+                rpc, pending = coalesce(rpc, take)
+                if not await self.write_msg(stream, rpc):
+                    return
+        except Exception:
+            logger.debug("sending loop for %s terminated with error", peer_id)
+            self._handle_dead_peer(peer_id)
 
     async def push_msg(self, msg_forwarder: ID, msg: rpc_pb2.Message) -> None:
         try:

@@ -482,3 +482,59 @@ async def test_a_task_scheduled_while_the_host_stops_is_dropped() -> None:
     Stopping._task_nursery = None  # type: ignore[assignment]
     with pytest.raises(Exception, match="before service is running"):
         TrioManager._schedule_task(Stopping(), "too early")  # type: ignore[arg-type]
+
+
+async def test_queued_gossip_is_coalesced_and_copies_start_no_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A burst published faster than the writer sends goes out in fewer RPCs than messages (queued
+    messages merged, `gossip.coalesce`), and a copy of a message already handled (C hears each message
+    from A and again from B) is dropped by the reader, before a `push_msg` task is started for it."""
+    from libp2p.pubsub import pubsub as pubsub_module
+
+    from node.p2p.gossip import NodePubsub
+
+    reads = 0
+    original_read = pubsub_module.read_varint_prefixed_bytes_limited
+
+    async def counting_read(reader: object, max_length: int) -> bytes:
+        nonlocal reads
+        reads += 1
+        return await original_read(reader, max_length)  # type: ignore[arg-type]
+
+    pushes: dict[str, int] = {}
+    original_push = NodePubsub.push_msg
+
+    async def counting_push(self: NodePubsub, forwarder: object, msg: object) -> None:
+        me = str(self.my_id)
+        pushes[me] = pushes.get(me, 0) + 1
+        await original_push(self, forwarder, msg)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pubsub_module, "read_varint_prefixed_bytes_limited", counting_read)
+    monkeypatch.setattr(NodePubsub, "push_msg", counting_push)
+    n_msgs = 200
+    got_b: list[tuple[bytes, str, float]] = []
+    got_c: list[tuple[bytes, str, float]] = []
+    async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
+        a, b, c = await start(stack, 3)
+        await b.connect(a.listen_addrs[0])
+        await c.connect(a.listen_addrs[0])
+        await c.connect(b.listen_addrs[0])
+        for node in (a, b, c):
+            await node.wait_for_mesh(TOPIC, 2, timeout=10)
+        nursery.start_soon(collect, b.subscribe(TOPIC), got_b, n_msgs)
+        nursery.start_soon(collect, c.subscribe(TOPIC), got_c, n_msgs)
+        await trio.sleep(0.05)
+        reads, pushes = 0, {}
+        for i in range(n_msgs):
+            await a.publish(TOPIC, struct.pack(">I", i) + bytes(100))
+        with trio.fail_after(20):
+            while len(got_b) < n_msgs or len(got_c) < n_msgs:
+                await trio.sleep(0.01)
+        await trio.sleep(0.5)  # B's forwards of the last messages reach C too
+        for rows in (got_b, got_c):
+            assert sorted(struct.unpack(">I", d[:4])[0] for d, _, _ in rows) == list(range(n_msgs))
+        print(f"\n[p2p] {n_msgs} messages, 3 hosts: {reads} RPCs read, push_msg tasks {sorted(pushes.values())}")
+        # each message reaches B once and C twice (from A and B): 3 reads each without coalescing
+        assert reads < n_msgs, reads
+        # C's push_msg tasks: one per message, not one per copy (2 per message before)
+        assert pushes[str(c.peer_id)] <= n_msgs + n_msgs // 5, pushes
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,165 @@
+"""The gossip wire shortcuts (issue 36, finding 7): RPCs queued for one peer are merged in order and
+only when they carry nothing but messages, and pubsub RPCs are cut from a per-stream read buffer with
+the same bounds as the library's byte-at-a-time reader."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+from libp2p.exceptions import ParseError
+from libp2p.io.exceptions import IncompleteReadError, MessageTooLarge
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.utils.varint import encode_uvarint
+
+from node.p2p.gossip import coalesce
+from node.p2p.patches import read_varint_prefixed_buffered
+
+
+def publish_rpc(*bodies: bytes) -> rpc_pb2.RPC:
+    rpc = rpc_pb2.RPC()
+    for body in bodies:
+        msg = rpc.publish.add()
+        msg.data = body
+        msg.topicIDs.append("t")
+    rpc.senderRecord = b"record"
+    return rpc
+
+
+def control_rpc() -> rpc_pb2.RPC:
+    rpc = rpc_pb2.RPC()
+    rpc.control.graft.add().topicID = "t"
+    return rpc
+
+
+def taker(items: list[rpc_pb2.RPC]):  # type: ignore[no-untyped-def]
+    return lambda: items.pop(0) if items else None
+
+
+def bodies(rpc: rpc_pb2.RPC) -> list[bytes]:
+    return [m.data for m in rpc.publish]
+
+
+def test_queued_messages_go_out_as_one_rpc_in_order() -> None:
+    queued = [publish_rpc(b"b"), publish_rpc(b"c", b"d")]
+    out, pending = coalesce(publish_rpc(b"a"), taker(queued))
+    assert bodies(out) == [b"a", b"b", b"c", b"d"]
+    assert pending is None and not queued
+    assert out.senderRecord == b"record"
+
+
+def test_control_is_never_merged_and_keeps_its_place() -> None:
+    graft = control_rpc()
+    queued = [publish_rpc(b"b"), graft, publish_rpc(b"c")]
+    out, pending = coalesce(publish_rpc(b"a"), taker(queued))
+    assert bodies(out) == [b"a", b"b"]
+    assert pending is graft  # sent next, before "c"
+    assert bodies(queued[0]) == [b"c"]
+    # an RPC that carries control goes out alone
+    first = control_rpc()
+    out, pending = coalesce(first, taker([publish_rpc(b"x")]))
+    assert out is first and pending is None
+
+
+def test_merged_rpc_stays_within_its_bound() -> None:
+    queued = [publish_rpc(bytes(400)) for _ in range(10)]
+    out, pending = coalesce(publish_rpc(bytes(400)), taker(queued), max_bytes=2000)
+    assert out.ByteSize() <= 2000
+    assert 1 < len(out.publish) < 11
+    assert pending is not None and len(out.publish) + 1 + len(queued) == 11  # nothing lost
+    # a message larger than the bound is sent, alone
+    rest = [publish_rpc(b"x")]
+    out, pending = coalesce(publish_rpc(bytes(5000)), taker(rest), max_bytes=2000)
+    assert bodies(out) == [bytes(5000)] and pending is None and bodies(rest[0]) == [b"x"]
+
+
+class ChunkReader:
+    """A stream handing out the given bytes in the given chunk sizes, then EOF (b"")."""
+
+    def __init__(self, data: bytes, sizes: list[int]) -> None:
+        self.data = data
+        self.sizes = sizes
+        self.reads = 0
+
+    async def read(self, n: int | None = None) -> bytes:
+        await trio.lowlevel.checkpoint()
+        self.reads += 1
+        size = self.sizes.pop(0) if self.sizes else len(self.data)
+        size = min(size, n or len(self.data))
+        chunk, self.data = self.data[:size], self.data[size:]
+        return chunk
+
+
+def frames(*payloads: bytes) -> bytes:
+    return b"".join(encode_uvarint(len(p)) + p for p in payloads)
+
+
+@pytest.mark.parametrize("sizes", [[1] * 400, [7, 300, 2], [10_000], [2, 1, 1, 150, 3]])
+async def test_buffered_reader_cuts_the_same_rpcs_from_any_chunking(sizes: list[int]) -> None:
+    payloads = [b"x" * 200, b"", b"y", b"z" * 130]
+    reader = ChunkReader(frames(*payloads), list(sizes))
+    got = [await read_varint_prefixed_buffered(reader, 1000) for _ in payloads]
+    assert got == payloads
+    with pytest.raises(IncompleteReadError):
+        await read_varint_prefixed_buffered(reader, 1000)
+
+
+async def test_rpcs_that_arrived_together_take_one_read() -> None:
+    payloads = [bytes([i]) * 50 for i in range(20)]
+    reader = ChunkReader(frames(*payloads), [])
+    got = [await read_varint_prefixed_buffered(reader, 1000) for _ in payloads]
+    assert got == payloads and reader.reads == 1
+
+
+async def test_buffered_reader_keeps_the_bounds() -> None:
+    # a length over the limit is refused before its body is read
+    reader = ChunkReader(encode_uvarint(5000) + bytes(10), [len(encode_uvarint(5000))])
+    with pytest.raises(MessageTooLarge):
+        await read_varint_prefixed_buffered(reader, 4096)
+    assert reader.data == bytes(10)
+    # a prefix longer than 10 bytes is garbage
+    with pytest.raises(ParseError):
+        await read_varint_prefixed_buffered(ChunkReader(b"\xff" * 11, [1] * 11), 4096)
+    # the stream ending inside a body
+    with pytest.raises(IncompleteReadError):
+        await read_varint_prefixed_buffered(ChunkReader(encode_uvarint(100) + bytes(40), []), 4096)
+
+
+async def test_a_tasks_parent_is_remembered_and_still_right() -> None:
+    """The service manager's parent lookup (walked the whole task tree per task started) is cached per
+    trio task: tasks started from one task are its children, as with the walk, and a finished task's
+    entry is never used."""
+    from libp2p.tools.anyio_service import Service, background_trio_service
+
+    from node.p2p import patches
+
+    seen: dict[str, object] = {}
+
+    class Spawner(Service):
+        async def run(self) -> None:
+            self.manager.run_task(self.parent)
+            await trio.sleep_forever()
+
+        async def parent(self) -> None:
+            me = trio.lowlevel.current_task()
+            for _ in range(3):
+                self.manager.run_task(trio.sleep, 0.05)
+            walked = patches._original_find_parent(self.manager, me)
+            seen["walked"] = walked
+            seen["cached"] = patches._find_parent_task_cached(self.manager, me)
+            seen["children"] = len(walked.children)  # type: ignore[attr-defined]
+            await trio.sleep(0.1)
+            seen["done"] = True
+
+    service = Spawner()
+    async with background_trio_service(service) as manager:
+        with trio.fail_after(5):
+            while "done" not in seen:
+                await trio.sleep(0.01)
+        assert seen["walked"] is not None and seen["cached"] is seen["walked"]
+        assert seen["children"] == 3
+        await trio.sleep(0.05)
+        parent = seen["walked"]
+        assert parent.is_done  # type: ignore[attr-defined]
+        # its entry is not handed out for a trio task it no longer runs
+        assert patches._find_parent_task_cached(manager, trio.lowlevel.current_task()) is not parent
+        manager.cancel()
