@@ -242,3 +242,6 @@ def print_summary(report: dict[str, Any], say: Any) -> None:
             say("  outcome as expected: honest work claimed, cheating invalidated and slashed")
         else:
             say("  outcome as expected: honest work recorded, verified and claimed")
+    if "seconds" in report:
+        m, s = divmod(round(float(report["seconds"])), 60)
+        say(f"  finished in {m} min {s:02d} s")

@@ -57,7 +57,7 @@ class DevnetOptions:
     as_json: bool = False
     window: int = 24 * 3600
     chain_only: bool = False
-    model: str = "smollm2"
+    model: str = "tiny"
     env: str = "thinking-budget"
     train: bool | None = None  # None: on for the tiny model or with a GPU (SmolLM2 steps take minutes on a CPU)
     train_files: int = 2
