@@ -36,6 +36,8 @@ RULE_MODULES = [
     "pool/grpo/loss.py",
     "pool/explorer/view.py",
     "pool/explorer/render.py",
+    "pool/explorer/live.py",
+    "node/decoding.py",
 ]
 
 # Modules that do I/O, or a concurrency runtime (which exists for I/O).
