@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import trio
 
-from node.decoding import json_shape
+from node.decoding import DecodeError, json_shape, utf8_text
 
 MAX_STATUS_BYTES = 256 * 1024
 STATUS_TIMEOUT = 3.0
@@ -68,11 +68,15 @@ def clean(value: Any) -> Any:
 
 def parse(body: bytes) -> dict[str, Any]:
     """A status page's body as a cleaned JSON object, or `{"error": ...}`."""
+    try:
+        text = utf8_text(body, "status page")  # what is scanned is what is parsed (never UTF-16)
+    except DecodeError as exc:
+        return {"error": str(exc)[:200]}
     depth = json_depth(body)
     if depth > MAX_PARSE_DEPTH:
         return {"error": f"JSON nested {depth:,} levels deep"}
     try:
-        data = json.loads(body)
+        data = json.loads(text)
     except RecursionError:  # not at MAX_PARSE_DEPTH, but never the poller's death
         return {"error": "JSON nested too deep"}
     except ValueError as exc:  # also: an integer of over 4,300 digits

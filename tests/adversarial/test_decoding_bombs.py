@@ -75,6 +75,11 @@ PROBE = textwrap.dedent(
             await rpc.request("eth_blockNumber", [])
 
     outcome("rpc-answer", lambda: trio.run(ask))
+
+    # evidence a validator serves by hash, in UTF-16: a byte scan read the brackets as string text
+    from node.evidence import MAX_SERVED_EVIDENCE_BYTES, parse_evidence
+    doc = ('["\\u2200", ' + "[" * 110_000 + "]" * 110_000 + "]").encode("utf-16-le")
+    outcome("evidence-utf16", lambda: parse_evidence(doc, max_bytes=MAX_SERVED_EVIDENCE_BYTES))
     print("alive", flush=True)
     """
 )
@@ -88,7 +93,7 @@ def test_depth_bombs_are_refused_by_every_decoder_in_a_daemons_process() -> None
     assert p.returncode == 0, f"the process died (exit {p.returncode}) on a depth bomb:\n{out[-3000:]}"
     assert "alive" in p.stdout, out[-3000:]
     lines = {ln.split()[0]: ln for ln in p.stdout.splitlines() if " refused " in ln or " ACCEPTED" in ln}
-    for name in ("rollout-header", "rpc-answer"):
+    for name in ("rollout-header", "rpc-answer", "evidence-utf16"):
         assert name in lines, out[-3000:]
         assert " refused " in lines[name], lines[name]
     # each refusal names what it refused (its size or its depth), not an unrelated error

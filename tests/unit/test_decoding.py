@@ -69,6 +69,17 @@ def test_brackets_inside_strings_are_text() -> None:
         loads_json(b'"abc' + b"[" * 1000, what="doc", max_bytes=1 << 20)
 
 
+def test_only_utf8_is_parsed_so_the_scan_sees_what_the_parser_sees() -> None:
+    # in UTF-16 a character's bytes read as a quote to a byte scan: the brackets looked like string text
+    deep = '["\u2200", ' + "[" * 100 + "]" * 100 + ', "b"]'
+    for data in (deep.encode("utf-16-le"), deep.encode("utf-16"), deep.encode("utf-32"), b"\xef\xbb\xbf[1]"):
+        with pytest.raises(DecodeError, match="UTF-8"):
+            loads_json(data, what="doc", max_bytes=1 << 20)
+    with pytest.raises(DecodeError, match="UTF-8"):
+        loads_json(b'["\xff"]', what="doc", max_bytes=64)
+    assert loads_json('["\u2200", []]'.encode(), what="doc", max_bytes=64) == ["\u2200", []]
+
+
 def test_width_bombs_and_huge_numbers_are_refused() -> None:
     with pytest.raises(DecodeError, match="values"):
         loads_json(b"[" + b"[]," * 200_000 + b"0]", what="doc", max_bytes=16 << 20)
