@@ -160,6 +160,24 @@ async def test_a_tasks_parent_is_remembered_and_still_right() -> None:
         await trio.sleep(0.05)
         parent = seen["walked"]
         assert parent.is_done  # type: ignore[attr-defined]
-        # its entry is not handed out for a trio task it no longer runs
-        assert patches._find_parent_task_cached(manager, trio.lowlevel.current_task()) is not parent
+        # a trio task that runs none of the manager's tasks (pubsub's readers run in the swarm's stream
+        # handlers): no parent, and the answer is remembered instead of walking the tree per message
+        here = trio.lowlevel.current_task()
+        assert patches._find_parent_task_cached(manager, here) is None
+        walks = 0
+        original = patches._original_find_parent
+
+        def counting(self: object, trio_task: object) -> object:
+            nonlocal walks
+            walks += 1
+            return original(self, trio_task)
+
+        patches._original_find_parent = counting
+        try:
+            for _ in range(3):
+                assert patches._find_parent_task_cached(manager, here) is None
+        finally:
+            patches._original_find_parent = original
+        assert walks == 0
+        assert not parent.is_done or patches._find_parent_task_cached(manager, here) is not parent
         manager.cancel()
