@@ -61,15 +61,28 @@ def ok(**fields: Any) -> bytes:
     return pack({"ok": True, **fields})
 
 
-def refuse(error: str, hint: str = "") -> bytes:
-    return pack({"ok": False, "error": error, "hint": hint})
+def refuse(error: str, hint: str = "", *, retry: bool = False) -> bytes:
+    """A refusal; with `retry` a passing one (the coordinator is busy, the sender over its request
+    budget, the chain unreachable): the same request may succeed later and is not a verdict."""
+    return pack({"ok": False, "error": error, "hint": hint, **({"retry": True} if retry else {})})
+
+
+class ProtocolBusy(ProtocolError):
+    """A passing refusal (`refuse(..., retry=True)`): ask again later."""
+
+
+#: How the coordinator's refusal of an upload starts (the node has no open task, or is no member): final,
+#: unlike a transport failure, which a worker retries.
+UPLOAD_REFUSED = "upload refused:"
 
 
 def reply_body(data: bytes, what: str) -> dict[str, Any]:
-    """Decode a reply; a refusal becomes a `ProtocolError` carrying the coordinator's message."""
+    """Decode a reply; a refusal becomes a `ProtocolError` (`ProtocolBusy` for a passing one) carrying
+    the coordinator's message."""
     obj = unpack(data, what)
     if obj.get("ok") is not True:
-        raise ProtocolError(f"{what} refused: {obj.get('error', 'no reason given')}", str(obj.get("hint", "")))
+        kind = ProtocolBusy if obj.get("retry") is True else ProtocolError
+        raise kind(f"{what} refused: {obj.get('error', 'no reason given')}", str(obj.get("hint", "")))
     return obj
 
 

@@ -204,7 +204,9 @@ def serve_blobs(
         ):
             raise ValueError("malformed upload request")
         assert uploads is not None  # registered only with `accept_uploads`
-        if req[1] == 0 and may_upload is not None:  # a new upload (or a restart) needs the server's leave
+        # a new upload (or a restart) needs the server's leave, unless the file is here already (its
+        # sender then costs nothing, and learns that its file arrived: say, it was accepted before a crash)
+        if req[1] == 0 and may_upload is not None and not store.has(req[0]):
             why_not = may_upload(sender)
             if why_not is not None:
                 raise Refused(why_not)

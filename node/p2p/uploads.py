@@ -96,11 +96,19 @@ class UploadState:
         for ident, up in list(self.uploads.items()):
             if now - up.last_seen > self.stale_after:
                 self._drop(ident)
-        if len(self.uploads) >= self.max_uploads:  # room is needed: uploads below the rate floor give theirs up
-            for ident, up in list(self.uploads.items()):
-                if up.behind(now, self.min_rate, self.grace):
-                    self.evicted += 1
-                    self._drop(ident)
+        if len(self.uploads) >= self.max_uploads:  # room is needed: one upload below the rate floor gives
+            # its slot up, of a sender holding the most slots first, then the slowest (many trickling identities
+            # then take each other's slots before an honest slow uploader's)
+            held: dict[str, int] = {}
+            for s, _ in self.uploads:
+                held[s] = held.get(s, 0) + 1
+            behind = [(i, u) for i, u in self.uploads.items() if u.behind(now, self.min_rate, self.grace)]
+            if behind:
+                ident, _ = max(
+                    behind, key=lambda iu: (held[iu[0][0]], -iu[1].received / max(now - iu[1].started, 1e-3))
+                )
+                self.evicted += 1
+                self._drop(ident)
 
     def _finished(self, sender: str, key: str) -> None:
         """Keep the sender's finished, unsubmitted uploads to `max_unsubmitted`: its oldest goes first

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ class MemoryBudget:
         self.used = 0
         self.peak = 0
         self._cond = threading.Condition()
+        self._queue: deque[object] = deque()
 
     @contextmanager
     def reserve(self, n: int, what: str) -> Iterator[None]:
@@ -66,15 +68,21 @@ class MemoryBudget:
         `n` above the whole budget is the caller's to refuse first (see `fits`)."""
         n = min(n, self.total)
         deadline = time.monotonic() + self.wait
+        ticket = object()
         with self._cond:
-            while self.used + n > self.total:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise ParseBusy(
-                        f"{what}: {self.used >> 20} MiB of the {self.total >> 20} MiB parse budget are in use",
-                        "try again in a minute",
-                    )
-                self._cond.wait(left)
+            self._queue.append(ticket)  # first come, first served: a waiting parse is not overtaken
+            try:
+                while self._queue[0] is not ticket or self.used + n > self.total:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise ParseBusy(
+                            f"{what}: {self.used >> 20} MiB of the {self.total >> 20} MiB parse budget are in use",
+                            "try again in a minute",
+                        )
+                    self._cond.wait(left)
+            finally:
+                self._queue.remove(ticket)
+                self._cond.notify_all()
             self.used += n
             self.peak = max(self.peak, self.used)
         try:

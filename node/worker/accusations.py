@@ -20,8 +20,9 @@ from ..daemon import (
 )
 from ..evidence import MAX_SERVED_EVIDENCE_BYTES, EvidenceError, compare, parse_evidence
 from ..inference.tools import model_tools
+from ..rollout.budget import MemoryBudget
 from ..rollout.checks import invalidation_is_hard, stored_reason
-from ..rollout.file import MAX_FILE_BYTES, RolloutFile, work_key
+from ..rollout.file import MAX_FILE_BYTES, RolloutFile, RolloutFormatError, work_key
 from ..taskspec import pool_spec
 from ..verify import Calibrated, PoolFileCheck
 from . import rules
@@ -71,9 +72,9 @@ class AccusationsMixin:
             return f"the file is gone: {exc}", b""
         if work_key(data) != key:
             return "the file on disk does not hash to its work key", b""
-        try:
-            RolloutFile.from_bytes(data)
-        except Exception as exc:
+        try:  # our own file: a parse of its own budget, never a shared one another parse could hold
+            RolloutFile.from_bytes(data, memory=MemoryBudget())
+        except RolloutFormatError as exc:
             return f"the file does not parse: {exc}", b""
         return None, data
 

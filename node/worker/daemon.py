@@ -23,8 +23,6 @@ from typing import Any
 import trio
 from eth_account.signers.local import LocalAccount
 
-from node.errors import PeerError
-
 from .. import ops, protocol
 from ..chain import ChainClient, ChainError, Deployment
 from ..chain.errors import RpcUnavailable
@@ -40,8 +38,8 @@ from ..daemon import (
 )
 from ..inference.tools import ModelTools
 from ..inference.types import ContextTooShort
-from ..p2p.blobs import BlobStore, serve_blobs, upload_blob
-from ..p2p.host import P2PError, Refused
+from ..p2p.blobs import BlobStore, serve_blobs
+from ..p2p.host import Refused
 from ..p2p.network import PoolNetwork
 from ..policy import PolicyBook
 from ..rollout.file import MAX_FILE_BYTES, RolloutFile, work_key
@@ -52,6 +50,7 @@ from .generation import GenerationMixin, PolicyUnavailable
 from .joining import JoiningMixin
 from .rules import claim_step, recorded_for
 from .state import WorkerState
+from .submitting import SubmittingMixin
 
 log = logging.getLogger("intellect.worker")
 
@@ -89,7 +88,7 @@ class WorkerConfig:
     self_check: float = 0.0  # share of our rollouts we run the validators' checks on before submitting
 
 
-class Worker(JoiningMixin, GenerationMixin, AccusationsMixin):
+class Worker(JoiningMixin, GenerationMixin, AccusationsMixin, SubmittingMixin):
     def __init__(
         self,
         cfg: WorkerConfig,
@@ -315,37 +314,6 @@ class Worker(JoiningMixin, GenerationMixin, AccusationsMixin):
             return protocol.ok(signature=self.claim(key).sign(self.node))
 
         net.node.set_handler(protocol.SIGNATURE_PROTOCOL, on_signature)
-
-    async def submit(self, key: str, task_id: str, data: bytes) -> None:
-        assert self.net is not None and self.coordinator_peer is not None
-        signature = self.claim(key).sign(self.node)  # deterministic (RFC 6979): the same bytes after a restart
-        self.phase = f"uploading {key[:12]}"
-        node, peer = self.net.node, self.coordinator_peer
-        try:  # as long as any other request waits for the coordinator (--connect-wait)
-            await self._retry_p2p(lambda: upload_blob(node, peer, data), f"upload of {key[:12]}")
-        except P2PError as exc:
-            raise PeerError(f"upload of rollout {key} failed: {exc}", "the coordinator may be down") from None
-        self._count("rollouts_uploaded")
-        try:
-            reply = await self._request(
-                protocol.SUBMIT_PROTOCOL,
-                {"work_key": key, "task_id": task_id, "signature": signature},
-                "submission",
-                timeout=60.0,
-            )
-        except protocol.ProtocolError as exc:
-            self.state.set_rejected(key, str(exc))
-            self._count("rollouts_rejected", reason="coordinator")
-            log.warning("rollout %s rejected: %s", key[:12], exc)
-            return
-        self.state.set_accepted(key)
-        self._count("rollouts_accepted")
-        log.info("rollout %s %s (%s units)", key[:12], reply.get("status"), reply.get("units", "?"))
-        try:
-            body = {"work_key": key, "task_id": task_id, "signature": signature, "addrs": self.net.listen_addrs[:4]}
-            await self.net.publish("rollout", protocol.pack(body))
-        except Exception as exc:
-            log.debug("announcement failed: %r", exc)
 
     # ------------------------------------------------------------------ policy versions
 

@@ -112,6 +112,7 @@ class Coordinator(IntakeMixin, LedgerMixin, NetworkMixin, TrainingMixin):
         self.key = key
         self.metrics = metrics
         self._parse_limiter = trio.CapacityLimiter(4)  # rollout files parsed at once on submission
+        self._parsing: set[str] = set()  # nodes whose file is being parsed
         # task requests and submissions a member node may make: a flood of either (each one a database
         # read or write) is turned away before it costs more than its decoding
         self.request_budget = SenderBudget(REQUEST_BUDGETS)

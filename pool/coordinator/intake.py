@@ -125,7 +125,9 @@ class IntakeMixin:
             log.info("invite for node %s to pool %d", sender, pool)
             return protocol.ok(member=False, invite=inv)
         except RpcUnavailable:
-            return protocol.refuse("the coordinator cannot reach its chain node right now", "retry in a minute")
+            return protocol.refuse(
+                "the coordinator cannot reach its chain node right now", "retry in a minute", retry=True
+            )
 
     async def _is_member(self, node: str) -> bool:
         """From the membership snapshot; a sender not in it (maybe one that joined a second ago) costs
@@ -161,9 +163,9 @@ class IntakeMixin:
         """Uploads only from a member node that holds an open task (the file it will submit for it): a
         member cannot hold upload slots, or fill the disk, with files no task asked for."""
         if self.membership is None or self.membership.snapshot().role(sender) != ROLE_MEMBER:
-            return "only the pool's member nodes upload rollout files"
+            return f"{protocol.UPLOAD_REFUSED} only the pool's member nodes upload rollout files"
         if self.state.open_task(sender, time.time()) is None:
-            return f"node {sender} holds no open task: ask for one, then upload its file"
+            return f"{protocol.UPLOAD_REFUSED} node {sender} holds no open task: ask for one, then upload its file"
         return None
 
     async def _on_task(self, request: bytes, sender: str) -> bytes:
@@ -172,9 +174,11 @@ class IntakeMixin:
             if not await self._is_member(sender):
                 return protocol.refuse(f"node {sender} is not a member of pool {cfg.pool_id}", "join the pool first")
         except RpcUnavailable:
-            return protocol.refuse("the coordinator cannot reach its chain node right now", "retry in a minute")
+            return protocol.refuse(
+                "the coordinator cannot reach its chain node right now", "retry in a minute", retry=True
+            )
         if not self.request_budget.take(sender, "task", time.monotonic()):
-            return protocol.refuse(*too_many("task requests", "task"))
+            return protocol.refuse(*too_many("task requests", "task"), retry=True)
         if 0 < cfg.blacklist_after <= self.invalidations(sender):
             return protocol.refuse(f"node {sender} had {self.invalidations(sender)} record(s) invalidated in this pool")
         try:
@@ -309,9 +313,11 @@ class IntakeMixin:
             if not await self._is_member(sender):
                 return protocol.refuse(f"node {sender} is not a member of pool {self.cfg.pool_id}")
         except RpcUnavailable:
-            return protocol.refuse("the coordinator cannot reach its chain node right now", "retry in a minute")
+            return protocol.refuse(
+                "the coordinator cannot reach its chain node right now", "retry in a minute", retry=True
+            )
         if not self.request_budget.take(sender, "submit", time.monotonic()):
-            return protocol.refuse(*too_many("submissions", "submit"))
+            return protocol.refuse(*too_many("submissions", "submit"), retry=True)
         req = protocol.unpack(request, "submission")
         key, task_id, signature = req.get("work_key"), req.get("task_id"), req.get("signature")
         if not isinstance(key, str) or not isinstance(task_id, str) or not re.fullmatch(r"0x[0-9a-f]{64}", key):
@@ -341,14 +347,21 @@ class IntakeMixin:
             limits = protocol.file_limits(task, self.env, tools.encode)
             return RolloutFile.from_bytes(data, max_bytes=self.cfg.max_rollout_bytes, limits=limits)
 
+        if sender in self._parsing:  # one parse per node at a time: no node holds more of the parse budget
+            return protocol.refuse("another file of this node is being checked", "submit again shortly", retry=True)
+        self._parsing.add(sender)
         try:  # in a thread (a hostile file costs its decode budget in CPU), a few at a time, within the
             # memory every parse of this process shares
             f = await trio.to_thread.run_sync(parse, limiter=self._parse_limiter)
         except ParseBusy as exc:
-            return protocol.refuse(str(exc), "the coordinator is busy checking other files: submit again shortly")
+            return protocol.refuse(
+                str(exc), "the coordinator is busy checking other files: submit again shortly", retry=True
+            )
         except RolloutFormatError as exc:
             self.blobs.delete(key)
             return self._reject(sender, "malformed", str(exc))
+        finally:
+            self._parsing.discard(sender)
         draws, copies = self._prior(f)
         decision = await trio.to_thread.run_sync(
             lambda: protocol.check_submission(

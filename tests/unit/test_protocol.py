@@ -391,3 +391,15 @@ def test_fuzz_task_sampling(sampling: dict[str, Any]) -> None:
     except ProtocolError:
         return
     assert 1 <= int(t.sampling["max_tokens"]) <= 32768
+
+
+def test_a_passing_refusal_is_told_apart_from_a_verdict() -> None:
+    import pytest
+
+    from node import protocol
+
+    with pytest.raises(protocol.ProtocolBusy, match="busy"):
+        protocol.reply_body(protocol.refuse("the coordinator is busy", "submit again", retry=True), "submission")
+    with pytest.raises(protocol.ProtocolError) as refused:
+        protocol.reply_body(protocol.refuse("wrong reward", ""), "submission")
+    assert not isinstance(refused.value, protocol.ProtocolBusy)
