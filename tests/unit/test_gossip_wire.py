@@ -130,7 +130,7 @@ async def test_a_tasks_parent_is_remembered_and_still_right() -> None:
     entry is never used."""
     from libp2p.tools.anyio_service import Service, background_trio_service
 
-    from node.p2p import patches
+    from node.p2p import patches_pubsub as patches
 
     seen: dict[str, object] = {}
 
