@@ -47,17 +47,28 @@ async def attack(a: dict[str, Any]) -> None:
             n = 0
             while True:
                 n += 1
-                with contextlib.suppress(P2PError, protocol.ProtocolError):
+                stage = "task"
+                try:
                     raw = await net.node.request(peer, protocol.TASK_PROTOCOL, protocol.pack({}), timeout=60)
                     task = protocol.reply_body(raw, "task")["task"]
                     data = _header_bomb(os.urandom(8)) if n % 2 else parse_bomb
+                    stage = "upload"
                     key = await upload_blob(net.node, peer, data)
                     sig = RolloutClaim(key, pid, int(a["chain_id"]), a["ledger"]).sign(me)
                     body = protocol.pack({"work_key": key, "task_id": task["task_id"], "signature": sig})
-                    reply = protocol.unpack(
-                        await net.node.request(peer, protocol.SUBMIT_PROTOCOL, body, timeout=90), "r"
-                    )
-                    count("bomb" if reply.get("ok") is False else "bomb-ACCEPTED")
+                    stage = "submit"
+                    for _ in range(100):  # a passing refusal (budget, a parse of its own in progress): again
+                        reply = protocol.unpack(
+                            await net.node.request(peer, protocol.SUBMIT_PROTOCOL, body, timeout=90), "r"
+                        )
+                        if not reply.get("retry"):
+                            break
+                        count("bomb-busy")
+                        await trio.sleep(0.5)
+                    # refused after the coordinator read it: what the test needs to see happen
+                    count("bomb" if reply.get("ok") is False and not reply.get("retry") else "bomb-ACCEPTED")
+                except (P2PError, protocol.ProtocolError):
+                    count(f"bomb-failed-{stage}")  # the coordinator's defences before the parse, or the transport
                 await trio.sleep(0.2)
 
         async def trickle() -> None:  # an upload slot held with a few bytes a second

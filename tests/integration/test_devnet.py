@@ -1,15 +1,21 @@
-"""The devnet as a newcomer runs it: `intellect-node devnet --model tiny --adversary --steps 3 --report r.json`
-(training on: the coordinator runs GRPO and broadcasts each new policy version).
+"""The devnet as a newcomer runs it: `intellect-node devnet` with no arguments (what `make devnet` runs:
+the tiny model, an adversary, three tasks per worker, training on), from a folder of its own, with
+`--keep-running` so the explorer it leaves can be opened in a browser.
 
 Everything is real and separate: anvil with the compiled contracts, a coordinator, a validator, two
 honest workers and a cheating worker (another model's weights), each its own process with its own
-libp2p host and vLLM engine (workers) or transformers prefill (validator)."""
+libp2p host and vLLM engine (workers) or transformers prefill (validator).
+
+Found on main before issue 36: the default (SmolLM2, a validator checking every file one after
+another) did not finish in 900 s on a 2-core machine, and run from any folder but the repository the
+roles could not find the devnet's folder (`devnet/deployment.json not found`)."""
 
 from __future__ import annotations
 
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -42,27 +48,29 @@ class Devnet:
 
 @pytest.fixture(scope="module")
 def adversary_devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Devnet]:
-    """`intellect-node devnet --model tiny --adversary --steps 3 --keep-running`, until its report is
-    written and the explorer that outlives the roles is up (stopped with SIGTERM at the end)."""
+    """`intellect-node devnet --keep-running` from a folder of its own, until its summary is written and
+    the explorer that outlives the roles is up (stopped with SIGTERM at the end)."""
     pytest.importorskip("vllm")
     tmp_path = tmp_path_factory.mktemp("devnet")
-    report_path, out = tmp_path / "r.json", tmp_path / "stdout.txt"
+    out = tmp_path / "stdout.txt"
     env = {k: v for k, v in os.environ.items() if not k.startswith("INTELLECT_")}
+    env["PYTHONPATH"] = str(ROOT)
     started = time.monotonic()
     with open(out, "w") as sink:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "devnet", "--model", "tiny", "--adversary", "--steps", "3",
-             "--report", str(report_path), "--dir", str(tmp_path / "dn"), "--timeout", "420", "--keep-running"],
-            stdout=sink, stderr=subprocess.STDOUT, text=True, env=env, cwd=str(ROOT),
+            [sys.executable, "-m", "cli.main", "devnet", "--keep-running"],
+            stdout=sink, stderr=subprocess.STDOUT, text=True, env=env, cwd=str(tmp_path),
         )  # fmt: skip
     try:
-        deadline = time.monotonic() + 480
+        deadline = time.monotonic() + 900  # the devnet's own default timeout with the tiny model
         while "explorer keeps running" not in out.read_text():
             assert proc.poll() is None, out.read_text()[-6000:]
-            assert time.monotonic() < deadline, "the devnet did not finish in 480 s: " + out.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the devnet did not finish in 900 s: " + out.read_text()[-3000:]
             time.sleep(1.0)
         elapsed = time.monotonic() - started
-        yield Devnet(proc, json.loads(report_path.read_text()), tmp_path / "dn", out, elapsed)
+        # its folder is the caller's `devnet/`, where its summary is
+        summary = json.loads((tmp_path / "devnet" / "summary.json").read_text())
+        yield Devnet(proc, summary, tmp_path / "devnet", out, elapsed)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -76,8 +84,8 @@ def adversary_devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Devne
 @pytest.mark.slow
 def test_devnet_with_adversary_end_to_end(adversary_devnet: Devnet) -> None:
     dn = adversary_devnet
-    report, tmp_path = dn.report, dn.folder.parent
-    assert report["ok"] and report["problems"] == []
+    report = dn.report
+    assert report["ok"] and report["problems"] == [] and report["model"] == "tiny"
     nodes = report["nodes"]
     assert set(nodes) == {"worker1", "worker2", "cheater"}
     # the coordinator served the pool's explorer, and it showed what the audit found
@@ -90,9 +98,12 @@ def test_devnet_with_adversary_end_to_end(adversary_devnet: Devnet) -> None:
         assert n["tokens_claimed"] == n["units_claimed"] * 10**15
         assert n["slashes"] == []
     cheat = nodes["cheater"]
-    assert cheat["rollouts_accepted"] == 3  # the coordinator's cheap checks cannot see another model
-    assert cheat["rollouts_invalidated"] == 3 and cheat["units_claimed"] == 0
-    assert cheat["slashed_tokens"] == 3 * 5 * 10**18
+    # the coordinator's cheap checks cannot see another model: its files are accepted, and every recorded
+    # one is caught and slashed (a file the trainer's checks refused is not recorded, and the run ends
+    # when the honest workers are done, so the cheater may have recorded fewer than 3)
+    caught = cheat["rollouts_invalidated"]
+    assert cheat["rollouts_accepted"] == caught >= 1 and cheat["units_claimed"] == 0
+    assert cheat["slashed_tokens"] == caught * 5 * 10**18
     assert all(s["tx"].startswith("0x") and len(s["tx"]) == 66 for s in cheat["slashes"])
     # the cheater's provider lost exactly the slashes on chain, as the event-only audit rebuilds it
     audit = report["audit"]
@@ -103,12 +114,12 @@ def test_devnet_with_adversary_end_to_end(adversary_devnet: Devnet) -> None:
     # of its file passes), a committee of the other validators re-checked the file and upheld every one.
     # (The accuser is the checking validator, or a juror the coordinator's trainer hinted at the file.)
     disputes = report["disputes"]["records"]
-    assert len(disputes) == 3, disputes
+    assert len(disputes) == caught, disputes
     assert all(d["by"] in ("validator", "juror1", "juror2") and d["appealed"] for d in disputes.values()), disputes
     assert all(d["verdict"] == "upheld" for d in disputes.values()), disputes
     logs = ("validator", "juror1", "juror2")
-    votes = sum((tmp_path / "dn" / f"{n}.log").read_text().count("voted to uphold") for n in logs)
-    assert votes >= 2 * 3  # each committee: the two validators that did not accuse
+    votes = sum((dn.folder / f"{n}.log").read_text().count("voted to uphold") for n in logs)
+    assert votes >= 2 * caught  # each committee: the two validators that did not accuse
     # the pool trained while it ran: versions advanced, workers hot-reloaded them (honest rollouts of
     # versions > 0 were verified against the downloaded checkpoints), and no step trained on a rollout
     # more than async_level (2) versions older than the policy it updated
@@ -121,8 +132,12 @@ def test_devnet_with_adversary_end_to_end(adversary_devnet: Devnet) -> None:
     assert "devnet summary" in dn.stdout and "outcome as expected" in dn.stdout
     # every daemon stopped cleanly on SIGTERM (state closed), none had to be killed
     for name in ("coordinator", "validator", "worker1", "worker2", "cheater"):
-        log = (tmp_path / "dn" / f"{name}.log").read_text()
+        log = (dn.folder / f"{name}.log").read_text()
         assert "SIGTERM received" in log and ": shut down" in log, name
+    # and it says how long it took (the newcomer's 5 minutes are measured by `time make devnet`, not here)
+    took = re.search(r"finished in (\d+) min (\d\d) s", dn.stdout)
+    assert took is not None, dn.stdout[-2000:]
+    assert int(took[1]) * 60 + int(took[2]) <= dn.elapsed + 1
     print(f"devnet with adversary took {dn.elapsed:.0f} s")
 
 
@@ -160,7 +175,7 @@ def test_the_explorer_of_a_devnet_run_in_chromium(adversary_devnet: Devnet, tmp_
         for slash in cheat["slashes"]:  # each of the cheater's slashes: its transaction on the page
             assert slash["tx"] in html, slash
         rows = driver.find_elements(By.CSS_SELECTOR, "table.disputes tbody tr")
-        assert len(rows) == len(report["disputes"]["records"]) == 3
+        assert len(rows) == len(report["disputes"]["records"]) >= 1
         for row in rows:
             cells = [c.get_attribute("innerHTML") for c in row.find_elements(By.TAG_NAME, "td")]
             assert "slash" in cells[2] and "0x" in cells[5], cells  # the verdict, and the evidence's hash
