@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # as no stop, and GRPO can only push the end-of-sequence token up from where the tiny random model starts
 # (it ends a few percent of its completions early). With 48, a very short completion on a 32-token target
 # scored below running on, and unlucky first steps could push EOS down until it was never sampled again,
-# leaving the reward flat (see tests/integration/test_devnet_learns.py).
+# leaving the reward flat (see bench/devnet_learns.py).
 DEVNET_MAX_TOKENS = 64
 
 

@@ -67,8 +67,11 @@ async def attack(a: dict[str, Any]) -> None:
                         await trio.sleep(0.5)
                     # refused after the coordinator read it: what the test needs to see happen
                     count("bomb" if reply.get("ok") is False and not reply.get("retry") else "bomb-ACCEPTED")
-                except (P2PError, protocol.ProtocolError):
+                except (P2PError, protocol.ProtocolError) as exc:
                     count(f"bomb-failed-{stage}")  # the coordinator's defences before the parse, or the transport
+                    why = f"why-{stage}: {str(exc)[:60]}"
+                    if why in counts or len([k for k in counts if k.startswith("why-")]) < 6:
+                        count(why)
                 await trio.sleep(0.2)
 
         async def trickle() -> None:  # an upload slot held with a few bytes a second
