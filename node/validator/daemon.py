@@ -44,6 +44,7 @@ from ..errors import ConfigError
 from ..evidence import MAX_SERVED_EVIDENCE_BYTES
 from ..inference.tools import ModelTools, model_tools
 from ..p2p.blobs import BlobStore
+from ..p2p.membership import ChainMembership
 from ..p2p.network import PoolNetwork
 from ..policy import PolicyAnnouncement, PolicyBook
 from ..rollout.checks import Reason
@@ -102,6 +103,7 @@ class Validator(CheckingMixin, DisputesMixin):
         self.prefill: Any = None
         self.chain: ChainClient | None = None
         self.net: PoolNetwork | None = None
+        self.membership: ChainMembership | None = None
         self.coordinator_peer: str | None = None
         self.last_error = ""
         self.book = PolicyBook()
@@ -150,7 +152,7 @@ class Validator(CheckingMixin, DisputesMixin):
             self.tools = await trio.to_thread.run_sync(model_tools, model)
             self.prefill = await trio.to_thread.run_sync(self._load_prefill)
             async with trio.open_nursery() as nursery:
-                _, self.net = await open_pool_network(
+                self.membership, self.net = await open_pool_network(
                     nursery, self.chain, cfg.pool_id, bytes(self.key.key), cfg.listen, bootstrap
                 )
                 async with self.net:
@@ -358,6 +360,9 @@ class Validator(CheckingMixin, DisputesMixin):
         (`settle_accusations`). See `rules.invalidation_is_hard`."""
         assert self.chain is not None
         hard = rules.invalidation_is_hard(reason)
+        if self.membership is not None:  # the pool's validators take turns: no accusation mined as a revert
+            turn = rules.invalidation_turn(key, self.chain.address, self.membership.snapshot().validators)
+            await trio.sleep(turn * rules.INVALIDATION_STAGGER)
         try:
             rc = await ops.invalidate(self.chain, self.cfg.pool_id, key, evidence, hard=hard)
         except ChainError as exc:

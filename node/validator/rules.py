@@ -18,6 +18,7 @@ closed.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from ..rollout.checks import invalidation_is_hard, stored_reason
@@ -28,6 +29,24 @@ OPEN = ("pending", "invalid", "unsigned")
 """Statuses checked again every round."""
 
 ALREADY_DONE = ("AlreadySettled", "DeadlinePassed", "AlreadyDisputed")
+
+#: Seconds between the pool's validators' turns to invalidate one record (`invalidation_turn`).
+INVALIDATION_STAGGER = 4.0
+
+
+def invalidation_turn(work_key: str, me: str, validators: frozenset[str]) -> int:
+    """This validator's turn (0: first) to invalidate `work_key`, in an order drawn from the key that every
+    validator of the pool computes alike. A trainer's hint reaches all of them at once: without turns two
+    accusations passed their estimate before either was mined, and the second was mined as a revert (its
+    gas lost). Waiting `turn * INVALIDATION_STAGGER` lets the first be mined, so the next one's estimate
+    sees it (`ALREADY_DONE`) and nothing is sent. Pure."""
+    me = me.lower()
+    everyone = {v.lower() for v in validators} | {me}
+    salt = work_key.lower().encode()
+    order = sorted(everyone, key=lambda a: hashlib.sha256(salt + a.encode()).digest())
+    return order.index(me)
+
+
 """Contract errors that mean an invalidation is moot: the record is settled (by someone else, or time)."""
 
 VOTE_MOOT = ("NotDisputed", "VotePeriodOver", "NotJuror")

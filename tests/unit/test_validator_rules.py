@@ -84,3 +84,21 @@ def test_failures_near_their_threshold_and_unserved_files_are_invalidated_softly
     assert rules.invalidation_is_hard(rules.stored_reason(verdict("toploc_exponent_mismatch")))
     # a committee member upholds only what it would have invalidated hard itself
     assert rules.vote_upholds(far) and not rules.vote_upholds(near) and not rules.vote_upholds(verdict("ok"))
+
+
+def test_validators_take_turns_to_invalidate_a_record_in_an_order_all_of_them_compute() -> None:
+    """A trainer's hint reaches every validator at once; two accusations estimated before either was mined
+    left one mined as a revert (seen in test_crash.py). Each validator's turn is its place in an order drawn
+    from the work key: the same on every validator, a permutation, and not always the same validator first."""
+    from node.validator.rules import invalidation_turn
+
+    vals = frozenset({"0x" + f"{i:040x}" for i in range(1, 4)})
+    firsts = set()
+    for n in range(40):
+        key = "0x" + f"{n:064x}"
+        turns = {v: invalidation_turn(key, v.upper().replace("0X", "0x"), vals) for v in vals}
+        assert sorted(turns.values()) == [0, 1, 2], turns  # one turn each, whatever the address's case
+        firsts |= {v for v, t in turns.items() if t == 0}
+    assert firsts == vals  # the first turn moves between validators with the key
+    # a validator not (yet) in the snapshot still gets a turn of its own
+    assert invalidation_turn("0x" + "ab" * 32, "0x" + "ff" * 20, vals) in range(4)
