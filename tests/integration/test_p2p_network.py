@@ -273,8 +273,10 @@ async def test_honest_traffic_flows_while_a_peer_sends_garbage() -> None:
         elapsed = time.monotonic() - t0
         nursery.cancel_scope.cancel()
         print(f"\n[net] {n_honest}x2 honest msgs delivered in {elapsed * 1000:.0f} ms amid {garbage_sent} garbage msgs")
-        assert [e.body for e in cl.received(cl.coord)] == [b"c %d" % i for i in range(n_honest)]
-        assert [e.body for e in cl.received(cl.c, "task")] == [b"t %d" % i for i in range(n_honest)]
+        # every honest message once; GossipSub keeps no order (messages of one RPC are handled by tasks
+        # that trio may run in either order, and a mesh has several paths)
+        assert sorted(e.body for e in cl.received(cl.coord)) == sorted(b"c %d" % i for i in range(n_honest))
+        assert sorted(e.body for e in cl.received(cl.c, "task")) == sorted(b"t %d" % i for i in range(n_honest))
         assert garbage_sent > 50
         # A judged the first garbage itself (two MALFORMED ban O, the rest are BANNED) until py-libp2p's own
         # GossipSub scorer, fed by those validation failures, gated O's messages before our validator.
@@ -326,7 +328,7 @@ async def test_flooding_peer_is_disconnected_and_refused_while_honest_traffic_fl
         print(
             f"\n[net] flooder banned after {t_ban * 1000:.0f} ms; {flood_sent} flood msgs, {n_honest} honest delivered"
         )
-        assert [e.body for e in cl.received(cl.coord)] == [b"c %d" % i for i in range(n_honest)]
+        assert sorted(e.body for e in cl.received(cl.coord)) == sorted(b"c %d" % i for i in range(n_honest))
         assert set(cl.coord.rejected) <= {RejectReason.MALFORMED, RejectReason.SENDER_MISMATCH, RejectReason.BANNED}
         assert not cl.b.rejected and not cl.c.rejected  # nothing of O's got past A
         # Lifting the ban lets the peer back in.
