@@ -58,15 +58,16 @@ lint: $(STAMPS)/venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# every pytest test, in two phases (tools/pytest_all.sh says which run beside which)
 pytest: $(STAMPS)/venv $(STAMPS)/npm $(STAMPS)/browser
-	$(VENV)/bin/pytest -q
+	bash tools/pytest_all.sh
 
 test: $(STAMPS)/npm $(STAMPS)/venv $(STAMPS)/browser
 	$(FORGE) build
 	$(PY) tools/export_artifacts.py --check
 	$(FORGE) test
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q
+	bash tools/pytest_all.sh
 
 devnet: $(STAMPS)/npm $(STAMPS)/venv
 	$(VENV)/bin/intellect-node devnet $(ARGS)
