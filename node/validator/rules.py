@@ -29,6 +29,7 @@ OPEN = ("pending", "invalid", "unsigned")
 """Statuses checked again every round."""
 
 ALREADY_DONE = ("AlreadySettled", "DeadlinePassed", "AlreadyDisputed")
+"""Contract errors that mean an invalidation is moot: the record is settled (by someone else, or time)."""
 
 #: Seconds between the pool's validators' turns to invalidate one record (`invalidation_turn`).
 INVALIDATION_STAGGER = 4.0
@@ -46,8 +47,6 @@ def invalidation_turn(work_key: str, me: str, validators: frozenset[str]) -> int
     order = sorted(everyone, key=lambda a: hashlib.sha256(salt + a.encode()).digest())
     return order.index(me)
 
-
-"""Contract errors that mean an invalidation is moot: the record is settled (by someone else, or time)."""
 
 VOTE_MOOT = ("NotDisputed", "VotePeriodOver", "NotJuror")
 """Contract errors that mean a committee vote is moot: the duty is closed."""
