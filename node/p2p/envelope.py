@@ -9,11 +9,13 @@ other exception may escape, or a peer could crash a topic validator with crafted
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
 from typing import Any
 
+import coincurve
 import msgpack
 from eth_account import Account
 from eth_account.messages import encode_defunct
@@ -140,13 +142,35 @@ def _signable(payload: bytes) -> Any:
     return encode_defunct(primitive=keccak(payload))
 
 
+# EIP-191 "personal message" prefix of a 32-byte message: what `encode_defunct(primitive=...)` signs.
+_EIP191_PREFIX_32 = b"\x19Ethereum Signed Message:\n32"
+# Per account: its checksummed address and its key as a libsecp256k1 object. `LocalAccount.sign_message`
+# re-parses the key and derives its public key (an elliptic-curve multiplication) on every call: 0.56 ms a
+# message against 0.06 ms for the signature itself. Weak: an account that is dropped takes its entry along.
+_SIGNERS: weakref.WeakKeyDictionary[LocalAccount, tuple[str, coincurve.PrivateKey]] = weakref.WeakKeyDictionary()
+
+
+def _signer(account: LocalAccount) -> tuple[str, coincurve.PrivateKey]:
+    entry = _SIGNERS.get(account)
+    if entry is None:
+        entry = _SIGNERS[account] = (to_checksum_address(account.address), coincurve.PrivateKey(bytes(account.key)))
+    return entry
+
+
+def sign_payload(account: LocalAccount, payload: bytes) -> bytes:
+    """The 65-byte signature (r, s, v = 27 + recovery id) that `account.sign_message(_signable(payload))`
+    gives: the same deterministic (RFC 6979) low-s ECDSA over the same EIP-191 hash, a tenth of the cost."""
+    digest = keccak(_EIP191_PREFIX_32 + keccak(payload))
+    rsv = _signer(account)[1].sign_recoverable(digest, hasher=None)
+    return rsv[:64] + bytes([rsv[64] + 27])
+
+
 def seal(account: LocalAccount, *, kind: str, pool: int, seq: int, time: float, body: bytes) -> Envelope:
     """Build and sign an envelope from `account`; `time` is a parameter because this module has no clock."""
-    sender = to_checksum_address(account.address)
+    sender = _signer(account)[0]
     time = float(time)
     payload = signing_payload(VERSION, kind, pool, sender, seq, time, body)
-    signed = account.sign_message(_signable(payload))
-    return Envelope(VERSION, kind, pool, sender, seq, time, body, bytes(signed.signature))
+    return Envelope(VERSION, kind, pool, sender, seq, time, body, sign_payload(account, payload))
 
 
 def encode(env: Envelope) -> bytes:

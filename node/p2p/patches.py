@@ -426,6 +426,7 @@ def drop_unread(stream: INetStream) -> None:
 
 
 # The pubsub reader and the service manager's tasks (applied on import, re-exported for the tests).
+from .patches_io import TCP_READ_AHEAD, read_ahead  # noqa: E402
 from .patches_pubsub import (  # noqa: E402
     PUBSUB_READ_CHUNK,
     _find_parent_task_cached,
@@ -435,7 +436,9 @@ from .patches_pubsub import (  # noqa: E402
 
 __all__ = [
     "PUBSUB_READ_CHUNK",
+    "TCP_READ_AHEAD",
     "_find_parent_task_cached",
     "_schedule_task_while_open",
+    "read_ahead",
     "read_varint_prefixed_buffered",
 ]

@@ -484,10 +484,31 @@ async def test_a_task_scheduled_while_the_host_stops_is_dropped() -> None:
         TrioManager._schedule_task(Stopping(), "too early")  # type: ignore[arg-type]
 
 
+async def test_one_peers_messages_are_delivered_in_the_order_it_sent_them() -> None:
+    """Each message is handled in its peer's reader, one after another (not in a task of its own, which
+    let a burst come out in any order): B, which hears only A, delivers A's burst in A's order."""
+    n_msgs = 300
+    got: list[tuple[bytes, str, float]] = []
+    async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
+        a, b = await start(stack, 2)
+        await b.connect(a.listen_addrs[0])
+        for node in (a, b):
+            await node.wait_for_mesh(TOPIC, 1, timeout=10)
+        nursery.start_soon(collect, b.subscribe(TOPIC), got, n_msgs)
+        await trio.sleep(0.05)
+        for i in range(n_msgs):
+            await a.publish(TOPIC, struct.pack(">I", i) + bytes(50))
+        with trio.fail_after(20):
+            while len(got) < n_msgs:
+                await trio.sleep(0.01)
+        assert [struct.unpack(">I", d[:4])[0] for d, _, _ in got] == list(range(n_msgs))
+        nursery.cancel_scope.cancel()
+
+
 async def test_queued_gossip_is_coalesced_and_copies_start_no_task(monkeypatch: pytest.MonkeyPatch) -> None:
     """A burst published faster than the writer sends goes out in fewer RPCs than messages (queued
     messages merged, `gossip.coalesce`), and a copy of a message already handled (C hears each message
-    from A and again from B) is dropped by the reader, before a `push_msg` task is started for it."""
+    from A and again from B) is dropped by the reader before `push_msg`."""
     from libp2p.pubsub import pubsub as pubsub_module
 
     from node.p2p.gossip import NodePubsub
@@ -535,6 +556,6 @@ async def test_queued_gossip_is_coalesced_and_copies_start_no_task(monkeypatch: 
         print(f"\n[p2p] {n_msgs} messages, 3 hosts: {reads} RPCs read, push_msg tasks {sorted(pushes.values())}")
         # each message reaches B once and C twice (from A and B): 3 reads each without coalescing
         assert reads < n_msgs, reads
-        # C's push_msg tasks: one per message, not one per copy (2 per message before)
+        # C's push_msg calls: one per message, not one per copy (2 per message before)
         assert pushes[str(c.peer_id)] <= n_msgs + n_msgs // 5, pushes
         nursery.cancel_scope.cancel()

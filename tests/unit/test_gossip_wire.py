@@ -11,8 +11,8 @@ from libp2p.io.exceptions import IncompleteReadError, MessageTooLarge
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.utils.varint import encode_uvarint
 
-from node.p2p.gossip import coalesce
-from node.p2p.patches import read_varint_prefixed_buffered
+from node.p2p.gossip import GateScorer, coalesce
+from node.p2p.patches import TCP_READ_AHEAD, read_ahead, read_varint_prefixed_buffered
 
 
 def publish_rpc(*bodies: bytes) -> rpc_pb2.RPC:
@@ -205,3 +205,82 @@ def test_validation_cache_keeps_results_in_lru_order_within_ttl(monkeypatch: pyt
     cache.put(b"4", ValidationResult(True, now[0]))
     cache.clear_expired()
     assert list(cache.cache) == [b"4"]
+
+
+def test_gate_scorer_passes_without_scoring_at_minus_infinity_and_scores_otherwise() -> None:
+    """With the library's thresholds (minus infinity) the gates pass without computing a score, even for a
+    peer with invalid messages on record; with a finite threshold that peer is refused as before."""
+    import math
+
+    from libp2p.peer.id import ID
+    from libp2p.pubsub.score import ScoreParams, TopicScoreParams
+
+    peer = ID(b"\x00\x25" + bytes(37))
+    params = ScoreParams(p4_invalid_messages=TopicScoreParams(weight=10.0, cap=100.0, decay=1.0))
+    assert params.publish_threshold == params.gossip_threshold == params.graylist_threshold == -math.inf
+    lax = GateScorer(params)
+    for _ in range(5):
+        lax.on_invalid_message(peer, "t")
+    lax.topic_score = None  # type: ignore[assignment,method-assign]  # a gate that scored would fail here
+    assert lax.allow_publish(peer, ["t"]) and lax.allow_gossip(peer, ["t"]) and not lax.is_graylisted(peer, ["t"])
+    assert not lax.allow_publish(peer, [])  # the library's answer for no topic stays
+
+    strict = GateScorer(
+        ScoreParams(
+            p4_invalid_messages=TopicScoreParams(weight=10.0, cap=100.0, decay=1.0),
+            publish_threshold=0.0,
+            gossip_threshold=-1.0,
+            graylist_threshold=-10.0,
+        )
+    )
+    assert strict.allow_publish(peer, ["t"]) and not strict.is_graylisted(peer, ["t"])
+    for _ in range(5):
+        strict.on_invalid_message(peer, "t")
+    assert not strict.allow_publish(peer, ["t"])
+    assert not strict.allow_gossip(peer, ["t"])
+    assert strict.is_graylisted(peer, ["t"])
+
+
+async def _tcp_pair() -> tuple[object, trio.SocketStream]:
+    """A `TrioTCPStream` (patched read) over one end of a real socket pair, and the raw other end."""
+    from libp2p.io.trio import TrioTCPStream
+
+    a, b = trio.socket.socketpair()
+    return TrioTCPStream(trio.SocketStream(a)), trio.SocketStream(b)
+
+
+async def test_tcp_read_ahead_serves_small_reads_from_one_recv() -> None:
+    stream, peer = await _tcp_pair()
+    data = bytes(range(256)) * 40  # 10 KiB: under one read-ahead chunk
+    await peer.send_all(data)
+    await trio.sleep(0.05)
+    got = [await stream.read(2)]  # type: ignore[attr-defined]
+    assert len(stream._read_ahead) == len(data) - 2  # type: ignore[attr-defined]  # one recv took it all
+    while sum(map(len, got)) < len(data):
+        got.append(await stream.read(100))  # type: ignore[attr-defined]
+    assert b"".join(got) == data and all(len(c) <= 100 for c in got[1:])
+    assert not stream._read_ahead  # type: ignore[attr-defined]
+    await peer.send_all(b"abc")
+    assert await stream.read(10) == b"abc"  # a short read, as recv gives
+    big = b"q" * (3 * TCP_READ_AHEAD)
+    await peer.send_all(big)
+    await trio.sleep(0.05)
+    first = await stream.read(len(big))  # type: ignore[attr-defined]  # larger than a chunk: passes through
+    rest = b""
+    while len(first) + len(rest) < len(big):
+        rest += await stream.read(len(big))  # type: ignore[attr-defined]
+    assert first + rest == big
+    await peer.aclose()
+    assert await stream.read(5) == b""  # type: ignore[attr-defined]  # EOF
+
+
+async def test_tcp_read_ahead_keeps_a_cancellation() -> None:
+    stream, peer = await _tcp_pair()
+    await peer.send_all(b"0123456789")
+    assert await stream.read(1) == b"0"  # type: ignore[attr-defined]
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await stream.read(1)  # type: ignore[attr-defined]  # buffered, but the cancellation lands
+    assert scope.cancelled_caught
+    assert await stream.read(100) == b"123456789"  # type: ignore[attr-defined]  # nothing lost to it
+    assert read_ahead is type(stream).read

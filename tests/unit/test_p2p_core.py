@@ -589,6 +589,20 @@ def test_fuzz_roundtrip(kind: str, pool: int, seq: int, time: float, body: bytes
     assert recover_sender(env) == MEMBER.address
 
 
+@settings(max_examples=60, deadline=None)
+@given(key=st.binary(min_size=32, max_size=32), payload=st.binary(max_size=300))
+def test_sign_payload_gives_eth_accounts_signature(key: bytes, payload: bytes) -> None:
+    """The cached signer signs exactly what `LocalAccount.sign_message` signs, byte for byte (recoverable,
+    low-s, v in 27/28), so envelopes from nodes of either version check the same."""
+    from node.p2p.envelope import _signable, sign_payload
+
+    try:
+        account = Account.from_key(key)
+    except Exception:
+        return  # not a valid secp256k1 secret (0 or >= the group order)
+    assert sign_payload(account, payload) == bytes(account.sign_message(_signable(payload)).signature)
+
+
 # --- bootstrap list from the pool record ---------------------------------------------------------------
 
 
