@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Iterable
 from contextlib import AsyncExitStack
 from types import TracebackType
@@ -40,6 +40,10 @@ from .rules import DEFAULT_BUDGETS, Membership, MessageValidator, PeerScore, Sen
 
 logger = logging.getLogger(__name__)
 
+# `_accepted`: at most this many envelopes of at most this many bytes each (2 MiB in all); a larger one is
+# decoded twice, which next to its size costs little.
+ACCEPTED_KEPT = 512
+ACCEPTED_MAX_BYTES = 4096
 TOPIC_PREFIX = "intellect"
 
 
@@ -88,6 +92,9 @@ class PoolNetwork:
         self.score = score if score is not None else PeerScore()
         self.clock = clock
         self.rejected: Counter[RejectReason] = Counter()
+        # Envelopes `_validate` accepted, by their bytes, until `_pump` hands them on (bounded: what the host
+        # drops after validating, e.g. a full subscriber channel, is pushed out by newer ones).
+        self._accepted: OrderedDict[bytes, Envelope] = OrderedDict()
         """Received messages dropped by this node, per reason (BANNED included)."""
         self.dropped: defaultdict[str, int] = defaultdict(int)
         """Accepted envelopes lost because a subscriber's buffer was full, per kind."""
@@ -193,6 +200,10 @@ class PoolNetwork:
             # A valid envelope on another kind's topic would bypass per-kind subscriptions and limits.
             self._reject(sender_address, RejectReason.KIND, now, f"{env.kind} envelope on topic {topic}")
             return False
+        if len(data) <= ACCEPTED_MAX_BYTES:
+            self._accepted[bytes(data)] = env
+            if len(self._accepted) > ACCEPTED_KEPT:
+                self._accepted.popitem(last=False)
         return True
 
     def _bad_gossip(self, forwarder: str) -> None:
@@ -215,15 +226,17 @@ class PoolNetwork:
     async def _pump(self, kind: str, chan: trio.MemoryReceiveChannel[tuple[bytes, str]]) -> None:
         """Turn the host's accepted bytes of one topic into Envelopes for this kind's subscribers.
 
-        The bytes already passed `_validate`, so decoding cannot fail; it is repeated (cheaply, without
-        the signature recovery) rather than cached, so nothing is held for messages the host drops."""
+        The bytes already passed `_validate`, which kept their envelope (`_accepted`); one it no longer
+        holds (pushed out by newer ones) is decoded again (cheaply: no signature recovery)."""
         async with chan:
             async for data, _author in chan:
-                try:
-                    env = decode(data, max_bytes=self.validator.max_bytes)
-                except EnvelopeError:  # pragma: no cover - the validator accepted these exact bytes
-                    logger.error("pool %d: accepted bytes no longer decode on %s", self.pool, kind)
-                    continue
+                env = self._accepted.pop(data, None)
+                if env is None:
+                    try:
+                        env = decode(data, max_bytes=self.validator.max_bytes)
+                    except EnvelopeError:  # pragma: no cover - the validator accepted these exact bytes
+                        logger.error("pool %d: accepted bytes no longer decode on %s", self.pool, kind)
+                        continue
                 channels = self._subs[kind]
                 for ch in list(channels):
                     try:

@@ -201,6 +201,19 @@ async def test_replayed_bytes_delivered_once() -> None:
         assert not cl.c.rejected  # the replay died at B
 
 
+async def test_accepted_envelopes_are_handed_on_once_and_not_kept() -> None:
+    """What the validator accepted reaches the subscriber as the same envelope, and the network keeps none
+    of them once handed on (`PoolNetwork._accepted`: no second decode, no memory held)."""
+    async with cluster() as cl:
+        sent = [await cl.coord.publish("heartbeat", f"beat {i}".encode()) for i in range(20)]
+        await wait_until(lambda: len(cl.received(cl.c)) == 20)
+        await trio.sleep(SETTLE)
+        for net in (cl.b, cl.c):
+            assert sorted(e.body for e in cl.received(net)) == sorted(e.body for e in sent)
+            assert set(cl.received(net)) == set(sent)
+            assert not net._accepted
+
+
 async def test_oversize_and_malformed_dropped() -> None:
     async with cluster() as cl:
         topic = pool_topic(POOL, "heartbeat")
