@@ -284,3 +284,97 @@ async def test_tcp_read_ahead_keeps_a_cancellation() -> None:
     assert scope.cancelled_caught
     assert await stream.read(100) == b"123456789"  # type: ignore[attr-defined]  # nothing lost to it
     assert read_ahead is type(stream).read
+
+
+def _router() -> object:
+    from libp2p.pubsub.gossipsub import PROTOCOL_ID
+
+    from node.p2p.gossip import CountingGossipSub
+
+    return CountingGossipSub(protocols=[PROTOCOL_ID], degree=6, degree_low=4, degree_high=12)
+
+
+async def test_send_rpc_queues_each_peer_its_own_copy_and_splits_what_does_not_fit() -> None:
+    """The fast path queues a copy per peer (the writer merges into queued RPCs: a shared object would
+    carry one peer's merge to the other); an RPC over the queue's message size still takes the
+    library's split; control waiting for a retry still rides along."""
+    from types import SimpleNamespace
+
+    from libp2p.peer.id import ID
+    from libp2p.pubsub.rpc_queue import RpcQueue
+
+    router = _router()
+    p1, p2 = ID(b"\x00\x25" + bytes(37)), ID(b"\x00\x25" + bytes([1]) * 37)
+    queues = {p1: RpcQueue(max_message_size=1000), p2: RpcQueue(max_message_size=1000)}
+    router.pubsub = SimpleNamespace(peer_queues=queues)  # type: ignore[attr-defined]
+    rpc = publish_rpc(b"a" * 100)
+    router.send_rpc(p1, rpc)  # type: ignore[attr-defined]
+    router.send_rpc(p2, rpc)  # type: ignore[attr-defined]
+    q1, q2 = queues[p1]._queue.pop(), queues[p2]._queue.pop()
+    assert q1 == rpc and q2 == rpc and q1 is not rpc and q2 is not rpc and q1 is not q2
+    q1.publish.add().data = b"merged"
+    assert bodies(q2) == [b"a" * 100] and bodies(rpc) == [b"a" * 100]
+
+    big = publish_rpc(*(bytes([i]) * 300 for i in range(6)))  # 1.8 KB: over the 1000-byte parts
+    router.send_rpc(p1, big)  # type: ignore[attr-defined]
+    parts = []
+    while (part := queues[p1]._queue.pop()) is not None:
+        parts.append(part)
+    assert len(parts) > 1 and all(p.ByteSize() <= 1000 for p in parts)
+    assert [m for p in parts for m in bodies(p)] == bodies(big)
+
+    router._pending_control[p2].graft.add().topicID = "t"  # type: ignore[attr-defined]
+    router.mesh["t"] = {p2}  # type: ignore[attr-defined]  # a graft is retried only while the peer is in the mesh
+    router.send_rpc(p2, rpc)  # type: ignore[attr-defined]
+    sent = []
+    while (part := queues[p2]._queue.pop()) is not None:
+        sent.append(part)
+    assert [m for p in sent for m in bodies(p)] == [b"a" * 100]
+    assert [g.topicID for p in sent for g in p.control.graft] == ["t"]
+    assert p2 not in router._pending_control  # type: ignore[attr-defined]
+
+
+def test_spam_protection_allows_the_limit_per_second_then_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time as time_module
+
+    from libp2p.peer.id import ID
+
+    router = _router()
+    router.max_messages_per_topic_per_second = 3  # type: ignore[attr-defined]
+    peer = ID(b"\x00\x25" + bytes(37))
+    msg = publish_rpc(b"x").publish[0]
+    clock = [1000.0]
+    monkeypatch.setattr(time_module, "time", lambda: clock[0])
+    assert [router._check_spam_protection(peer, msg) for _ in range(4)] == [True, True, True, False]  # type: ignore[attr-defined]
+    clock[0] += 0.9
+    assert not router._check_spam_protection(peer, msg)  # type: ignore[attr-defined]  # still the same second
+    clock[0] += 0.2
+    assert router._check_spam_protection(peer, msg)  # type: ignore[attr-defined]  # the first three expired
+    assert len(router.message_rate_limits[peer]["t"]) == 1  # type: ignore[attr-defined]
+
+
+def test_gossip_signature_check_with_cached_author_keys() -> None:
+    """Same answers as the library's check: a valid signature passes (also from the cached key), a changed
+    body, another author's signature, or none at all fail."""
+    from libp2p.crypto.secp256k1 import create_new_key_pair
+    from libp2p.peer.id import ID
+    from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX, signature_validator
+
+    from node.p2p.patches import _check_gossip_signature
+
+    def signed(pair: object, author: bytes, data: bytes) -> rpc_pb2.Message:
+        msg = rpc_pb2.Message(data=data, topicIDs=["t"], from_id=author, seqno=b"\x00" * 7 + b"\x01")
+        msg.signature = pair.private_key.sign(PUBSUB_SIGNING_PREFIX.encode() + msg.SerializeToString())  # type: ignore[attr-defined]
+        return msg
+
+    alice, mallory = create_new_key_pair(), create_new_key_pair()
+    author = ID.from_pubkey(alice.public_key).to_bytes()
+    good = signed(alice, author, b"hello")
+    tampered = rpc_pb2.Message()
+    tampered.CopyFrom(good)
+    tampered.data = b"hellO"
+    forged = signed(mallory, author, b"hello")
+    unsigned = rpc_pb2.Message(data=b"hello", topicIDs=["t"], from_id=author, seqno=good.seqno)
+    for msg, ok in [(good, True), (good, True), (tampered, False), (forged, False), (unsigned, False)]:
+        assert _check_gossip_signature(msg) is ok
+        assert bool(signature_validator(msg)) is ok
