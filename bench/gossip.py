@@ -145,7 +145,7 @@ async def _node(config: dict[str, Any], command_recv: trio.MemoryReceiveChannel[
     warm_from: set[int] = set()
     sent = 0
     cpu_at_go: float | None = None  # process CPU seconds when measured publishing began
-    copies_at_go = 0  # gossip copies received before it (warm-up)
+    copies_at_go = spared_at_go = 0  # gossip copies received (and not sent) before it (warm-up)
 
     async def collect(chan: trio.MemoryReceiveChannel[Envelope]) -> None:
         async for env in chan:
@@ -218,6 +218,7 @@ async def _node(config: dict[str, Any], command_recv: trio.MemoryReceiveChannel[
                     t0: float = commands["go"]
                     cpu_at_go = time.process_time()
                     copies_at_go = net.node.copies_received
+                    spared_at_go = net.node.copies_spared
                     if _PROFILER is not None:
                         _PROFILER.enable()
                     rate: float = config["rate"]
@@ -245,6 +246,7 @@ async def _node(config: dict[str, Any], command_recv: trio.MemoryReceiveChannel[
                             "dropped_outbound_rpcs": net.node.dropped_outbound,
                             "peers": len(net.node.peers),
                             "copies_received": net.node.copies_received - copies_at_go,
+                            "copies_spared": net.node.copies_spared - spared_at_go,
                             "cpu_s": time.process_time() - cpu_at_go if cpu_at_go is not None else 0.0,
                         }
                     )
@@ -496,6 +498,7 @@ def summarize(
         "dropped": sum(r["dropped"] for r in results),
         "dropped_outbound_rpcs": sum(r["dropped_outbound_rpcs"] for r in results),
         "copies_per_delivery": round(sum(r.get("copies_received", 0) for r in results) / max(1, deliveries), 2),
+        "copies_spared_per_delivery": round(sum(r.get("copies_spared", 0) for r in results) / max(1, deliveries), 2),
         "peers_mean": round(statistics.mean(r.get("peers", 0) for r in results), 1) if results else 0,
         "cpus": os.cpu_count(),
         # CPU of all nodes from "go" to stop (publishing, forwarding, validating), per delivery: the cost

@@ -79,6 +79,42 @@ def coalesce(
     return first, None
 
 
+# Per peer, the ids of the last messages it sent us that we already had: a copy still queued for it is not
+# sent (it has the message). Bounded per peer; the entry goes with the peer's stream.
+PEER_HAS_KEPT = 512
+
+
+class RecentIds:
+    """A bounded set of message ids, oldest dropped first."""
+
+    def __init__(self, limit: int = PEER_HAS_KEPT) -> None:
+        self.limit = max(1, limit)
+        self._ids: dict[bytes, None] = {}
+
+    def add(self, msg_id: bytes) -> None:
+        ids = self._ids
+        ids[msg_id] = None
+        if len(ids) > self.limit:
+            del ids[next(iter(ids))]
+
+    def __contains__(self, msg_id: object) -> bool:
+        return msg_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
+def drop_known(rpc: rpc_pb2.RPC, known: RecentIds, msg_id: Callable[[rpc_pb2.Message], bytes]) -> int:
+    """Remove from `rpc` the messages whose id is in `known` (the peer it goes to sent us them: it has
+    them); returns how many. Subscriptions and control stay as they are."""
+    keep = [m for m in rpc.publish if msg_id(m) not in known]
+    dropped = len(rpc.publish) - len(keep)
+    if dropped:
+        del rpc.publish[:]
+        rpc.publish.extend(keep)
+    return dropped
+
+
 class ValidationCache:
     """Pubsub's cache of validation results by message id, in O(1) per message: py-libp2p 0.8.1 keeps its
     LRU order in a list, so every put scans and shifts up to `max_size` ids (1000): 2.8 % of a node's CPU
@@ -137,6 +173,8 @@ class NodePubsub(Pubsub):
         self._on_banned_drop = on_banned_drop
         self._on_bad_signature = on_bad_signature
         self.copies_received = 0  # gossip messages received, copies of one already seen included
+        self.copies_spared = 0  # queued copies not sent: their peer had sent us the message meanwhile
+        self._peer_has: dict[ID, RecentIds] = {}
 
     async def continuously_read_stream(self, stream: INetStream) -> None:
         """A peer's pubsub stream, read as the library does (bounded RPCs, the sender's signed record, then
@@ -147,6 +185,7 @@ class NodePubsub(Pubsub):
         `send_nowait`), so a peer that sends faster than we handle is slowed by TCP, not by tasks piling
         up. A message whose handling raises is logged and dropped; the stream goes on."""
         peer_id = stream.muxed_conn.peer_id
+        has = self._peer_has[peer_id] = RecentIds()
         try:
             while self.manager.is_running:
                 data = await _pubsub_module.read_varint_prefixed_bytes_limited(stream, self.max_inbound_rpc_size)
@@ -158,6 +197,11 @@ class NodePubsub(Pubsub):
                 self.copies_received += len(rpc.publish)
                 for msg in rpc.publish:
                     if not self._is_subscribed_to_msg(msg):
+                        continue
+                    if self._is_msg_seen(msg):
+                        # a copy of a message already handled (most of what a mesh delivers: each peer
+                        # forwards each message to its whole mesh): dropped, and the peer has it
+                        has.add(self._msg_id_constructor(msg))
                         continue
                     try:
                         await self.push_msg(peer_id, msg)
@@ -178,20 +222,18 @@ class NodePubsub(Pubsub):
             self._handle_dead_peer(peer_id)
         except (StreamEOF, StreamError, IOException, RawConnError) as exc:
             logger.debug("gossip: stream of %s ended: %r", peer_id, exc)
+        finally:
+            if self._peer_has.get(peer_id) is has:
+                del self._peer_has[peer_id]
 
     def notify_subscriptions(self, publish_message: rpc_pb2.Message) -> None:
         self._deliver(publish_message)
 
-    def _is_subscribed_to_msg(self, msg: rpc_pb2.Message) -> bool:
-        """The reader asks this of each received message before handling it: a copy of a message already
-        handled (most of what a mesh delivers: every peer forwards each message to its whole mesh) ends
-        here."""
-        return super()._is_subscribed_to_msg(msg) and not self._is_msg_seen(msg)
-
     async def handle_sending_messages(self, peer_id: ID, stream: Any, queue: Any) -> None:
         """The library's per-peer writer, sending what piled up in the queue while it was writing as one
-        RPC (`coalesce`): the busier a node, the fewer frames each message costs it and its peers,
-        instead of a backlog that grows once it falls behind."""
+        RPC (`coalesce`), less the messages the peer sent us meanwhile (`drop_known`): the busier a node,
+        the fewer frames and copies each message costs it and its peers, instead of a backlog that grows
+        once it falls behind."""
         pending: rpc_pb2.RPC | None = None
         inner = getattr(queue, "_queue", None)  # RpcQueue's PriorityQueue: a pop that never waits
         take: Callable[[], rpc_pb2.RPC | None] = inner.pop if inner is not None else (lambda: None)
@@ -201,6 +243,13 @@ class NodePubsub(Pubsub):
                 if rpc is None:
                     return
                 rpc, pending = coalesce(rpc, take)
+                has = self._peer_has.get(peer_id)
+                if has and rpc.publish:
+                    spared = drop_known(rpc, has, self._msg_id_constructor)
+                    if spared:
+                        self.copies_spared += spared
+                        if not rpc.publish and not rpc.subscriptions and not rpc.HasField("control"):
+                            continue
                 if not await self.write_msg(stream, rpc):
                     return
         except Exception:
@@ -391,6 +440,11 @@ class GossipMixin:
         """Gossip messages received from peers, including copies of messages already seen: over the
         messages delivered, how many times the mesh carried each one to this node."""
         return self._pubsub.copies_received if self._pubsub else 0
+
+    @property
+    def copies_spared(self) -> int:
+        """Queued gossip copies not sent because their peer sent us the message meanwhile."""
+        return self._pubsub.copies_spared if self._pubsub else 0
 
     @property
     def dropped_outbound(self) -> int:

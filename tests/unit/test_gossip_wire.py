@@ -378,3 +378,22 @@ def test_gossip_signature_check_with_cached_author_keys() -> None:
     for msg, ok in [(good, True), (good, True), (tampered, False), (forged, False), (unsigned, False)]:
         assert _check_gossip_signature(msg) is ok
         assert bool(signature_validator(msg)) is ok
+
+
+def test_copies_a_peer_sent_us_are_not_sent_back_to_it() -> None:
+    """`drop_known` removes from a queued RPC the messages its peer already sent us (by message id) and
+    leaves the rest, in order, and control as it was; `RecentIds` keeps the newest ids only."""
+    from node.p2p.gossip import RecentIds, drop_known
+
+    def mid(m: rpc_pb2.Message) -> bytes:
+        return m.data[:1]
+
+    rpc = publish_rpc(b"a1", b"b1", b"c1")
+    rpc.control.graft.add().topicID = "t"
+    known = RecentIds(limit=2)
+    for msg_id in (b"z", b"b", b"c"):  # "z" falls out: the limit is 2
+        known.add(msg_id)
+    assert b"z" not in known and b"b" in known and len(known) == 2
+    assert drop_known(rpc, known, mid) == 2
+    assert bodies(rpc) == [b"a1"] and [g.topicID for g in rpc.control.graft] == ["t"]
+    assert drop_known(rpc, known, mid) == 0 and bodies(rpc) == [b"a1"]
