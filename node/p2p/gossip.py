@@ -82,6 +82,8 @@ def coalesce(
 # Per peer, the ids of the last messages it sent us that we already had: a copy still queued for it is not
 # sent (it has the message). Bounded per peer; the entry goes with the peer's stream.
 PEER_HAS_KEPT = 512
+# A peer's reader lets the node's other tasks run after this many messages of one RPC (up to ~1 MiB).
+YIELD_EVERY = 32
 
 
 class RecentIds:
@@ -118,8 +120,15 @@ def drop_known(rpc: rpc_pb2.RPC, known: RecentIds, msg_id: Callable[[rpc_pb2.Mes
 class ValidationCache:
     """Pubsub's cache of validation results by message id, in O(1) per message: py-libp2p 0.8.1 keeps its
     LRU order in a list, so every put scans and shifts up to `max_size` ids (1000): 2.8 % of a node's CPU
-    in `bench/gossip.py --nodes 20`, more the larger the cache. Same behaviour: an entry older than `ttl`
-    seconds is gone, a hit becomes the newest, a full cache drops its oldest."""
+    in `bench/gossip.py --nodes 20`, more the larger the cache. An entry older than `ttl` seconds is gone,
+    a hit becomes the newest, a full cache drops its oldest.
+
+    Unlike the library's, it never answers "valid": a message is named by its author and seqno, the seen
+    cache forgets a name after 120 s while this one kept it for 300 s, and pubsub took a cached "valid" as
+    the answer without running the validator. A member could send other bytes under an old seqno, signed
+    with its own key, and have them delivered unchecked (`tests/adversarial/test_gossip_seqno_reuse.py`).
+    Each new message is validated; a copy of one being handled never gets here (the seen check comes
+    first). A cached refusal still saves the work: only the author can sign under its name."""
 
     def __init__(self, ttl: float, max_size: int) -> None:
         self.ttl = ttl
@@ -132,6 +141,8 @@ class ValidationCache:
             return None
         if time.time() - result.timestamp > self.ttl:
             del self.cache[msg_id]
+            return None
+        if result.is_valid:
             return None
         self.cache.move_to_end(msg_id)
         return result
@@ -195,7 +206,11 @@ class NodePubsub(Pubsub):
                     logger.debug("gossip: invalid signed record from %s, RPC ignored", peer_id)
                     continue
                 self.copies_received += len(rpc.publish)
-                for msg in rpc.publish:
+                for n, msg in enumerate(rpc.publish):
+                    if n % YIELD_EVERY == YIELD_EVERY - 1:
+                        # handling never waits, so one RPC of thousands of messages would hold the whole
+                        # node (every other peer, the heartbeat) until its last one: let them run
+                        await trio.lowlevel.checkpoint()
                     if not self._is_subscribed_to_msg(msg):
                         continue
                     if self._is_msg_seen(msg):

@@ -183,7 +183,9 @@ async def test_a_tasks_parent_is_remembered_and_still_right() -> None:
         manager.cancel()
 
 
-def test_validation_cache_keeps_results_in_lru_order_within_ttl(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_validation_cache_keeps_refusals_in_lru_order_within_ttl_and_never_answers_valid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from libp2p.pubsub.pubsub import ValidationResult
 
     from node.p2p import gossip
@@ -192,17 +194,17 @@ def test_validation_cache_keeps_results_in_lru_order_within_ttl(monkeypatch: pyt
     monkeypatch.setattr(gossip.time, "time", lambda: now[0])
     cache = gossip.ValidationCache(ttl=10, max_size=3)
     for i in range(3):
-        cache.put(b"%d" % i, ValidationResult(True, now[0]))
+        cache.put(b"%d" % i, ValidationResult(False, now[0], f"bad {i}"))
     assert cache.get(b"0") is not None  # a hit becomes the newest ...
     cache.put(b"3", ValidationResult(False, now[0], "bad"))
     assert cache.get(b"1") is None  # ... so the full cache dropped "1", the oldest
     assert [cache.get(k) is not None for k in (b"0", b"2", b"3")] == [True, True, True]
     assert cache.get(b"3") == ValidationResult(False, 1000.0, "bad")
-    cache.put(b"3", ValidationResult(True, now[0]))  # a put of a known id replaces it, no eviction
-    assert len(cache.cache) == 3 and cache.get(b"3").is_valid  # type: ignore[union-attr]
+    cache.put(b"3", ValidationResult(True, now[0]))  # a put of a known id replaces it, no eviction ...
+    assert len(cache.cache) == 3 and cache.get(b"3") is None  # ... and "valid" is never taken on trust
     now[0] += 11
     assert cache.get(b"0") is None and b"0" not in cache.cache  # expired on read
-    cache.put(b"4", ValidationResult(True, now[0]))
+    cache.put(b"4", ValidationResult(False, now[0], "bad"))
     cache.clear_expired()
     assert list(cache.cache) == [b"4"]
 
