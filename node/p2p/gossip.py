@@ -5,12 +5,9 @@ A mixin of `P2PNode`."""
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import logging
-import math
-import time
-from collections import OrderedDict, defaultdict, deque
+from collections import defaultdict, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -23,15 +20,42 @@ from libp2p.peer.id import ID
 from libp2p.pubsub import pubsub as _pubsub_module
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pb import rpc_pb2
-from libp2p.pubsub.pubsub import Pubsub, ValidationResult
-from libp2p.pubsub.score import PeerScorer
+from libp2p.pubsub.pubsub import Pubsub
 
 from .errors import P2PError
 from .gate import BoundedCounts
+from .gossip_router import CountingGossipSub, GateScorer
+from .gossip_wire import (
+    COALESCE_MAX_BYTES,
+    PEER_HAS_KEPT,
+    RecentIds,
+    ValidationCache,
+    coalesce,
+    drop_known,
+)
 from .identity import address_from_id_bytes, safe_address
 from .patches import verify_gossip_signature
 
+__all__ = [
+    "COALESCE_MAX_BYTES",
+    "PEER_HAS_KEPT",
+    "SPAM_LIMIT_PER_SECOND",
+    "SUBSCRIPTION_BUFFER",
+    "CountingGossipSub",
+    "GateScorer",
+    "GossipMixin",
+    "NodePubsub",
+    "RecentIds",
+    "ValidationCache",
+    "Validator",
+    "coalesce",
+    "drop_known",
+]
+
 logger = logging.getLogger(__name__)
+
+# A peer's reader lets the node's other tasks run after this many messages of one RPC (up to ~1 MiB).
+YIELD_EVERY = 32
 
 Validator = Callable[[str, bytes, str], bool]
 """``validator(topic, data, sender_address) -> accept``; sender is the message originator."""
@@ -44,119 +68,6 @@ SPAM_LIMIT_PER_SECOND = 5000.0
 # 400/s keeps the linger on the safe side.
 _RECEIVER_RATE = 200.0  # msg/s a busy receiver surely consumes; lower = safer, slower exit
 _BACKLOG_WINDOW_S = 3.0
-
-# Outbound coalescing: publish RPCs queued for one peer while its writer was busy go out as one RPC of
-# at most this many bytes (one varint, one Noise frame, one Yamux frame, one send(), one peer record and
-# one parse at the receiver instead of one each per message). Far under what any node accepts in one RPC
-# (a single envelope may be 256 KiB, `envelope.MAX_ENVELOPE_BYTES`).
-COALESCE_MAX_BYTES = 64 * 1024
-
-
-def _publish_only(rpc: rpc_pb2.RPC) -> bool:
-    """An RPC that only carries messages (no subscriptions, no control): such RPCs may be merged in
-    order; control (GRAFT, PRUNE, IHAVE, IWANT) is never merged, so its order and meaning stay as sent."""
-    return bool(rpc.publish) and not rpc.subscriptions and not rpc.HasField("control")
-
-
-def coalesce(
-    first: rpc_pb2.RPC, take: Callable[[], rpc_pb2.RPC | None], max_bytes: int = COALESCE_MAX_BYTES
-) -> tuple[rpc_pb2.RPC, rpc_pb2.RPC | None]:
-    """Merge into `first` the publish-only RPCs that `take()` hands out next (None: nothing queued),
-    while the result stays within `max_bytes`. Returns the RPC to send and the first RPC taken but not
-    merged (to be sent after it, in order), if any."""
-    if not _publish_only(first):
-        return first, None
-    size = first.ByteSize()
-    while size < max_bytes:
-        nxt = take()
-        if nxt is None:
-            return first, None
-        extra = sum(m.ByteSize() + 8 for m in nxt.publish)  # each message's tag and length prefix: < 8
-        if not _publish_only(nxt) or size + extra > max_bytes:
-            return first, nxt
-        first.publish.extend(nxt.publish)
-        size += extra
-    return first, None
-
-
-# Per peer, the ids of the last messages it sent us that we already had: a copy still queued for it is not
-# sent (it has the message). Bounded per peer; the entry goes with the peer's stream.
-PEER_HAS_KEPT = 512
-# A peer's reader lets the node's other tasks run after this many messages of one RPC (up to ~1 MiB).
-YIELD_EVERY = 32
-
-
-class RecentIds:
-    """A bounded set of message ids, oldest dropped first."""
-
-    def __init__(self, limit: int = PEER_HAS_KEPT) -> None:
-        self.limit = max(1, limit)
-        self._ids: dict[bytes, None] = {}
-
-    def add(self, msg_id: bytes) -> None:
-        ids = self._ids
-        ids[msg_id] = None
-        if len(ids) > self.limit:
-            del ids[next(iter(ids))]
-
-    def __contains__(self, msg_id: object) -> bool:
-        return msg_id in self._ids
-
-    def __len__(self) -> int:
-        return len(self._ids)
-
-
-def drop_known(rpc: rpc_pb2.RPC, known: RecentIds, msg_id: Callable[[rpc_pb2.Message], bytes]) -> int:
-    """Remove from `rpc` the messages whose id is in `known` (the peer it goes to sent us them: it has
-    them); returns how many. Subscriptions and control stay as they are."""
-    keep = [m for m in rpc.publish if msg_id(m) not in known]
-    dropped = len(rpc.publish) - len(keep)
-    if dropped:
-        del rpc.publish[:]
-        rpc.publish.extend(keep)
-    return dropped
-
-
-class ValidationCache:
-    """Pubsub's cache of validation results by message id, in O(1) per message: py-libp2p 0.8.1 keeps its
-    LRU order in a list, so every put scans and shifts up to `max_size` ids (1000): 2.8 % of a node's CPU
-    in `bench/gossip.py --nodes 20`, more the larger the cache. An entry older than `ttl` seconds is gone,
-    a hit becomes the newest, a full cache drops its oldest.
-
-    Unlike the library's, it never answers "valid": a message is named by its author and seqno, the seen
-    cache forgets a name after 120 s while this one kept it for 300 s, and pubsub took a cached "valid" as
-    the answer without running the validator. A member could send other bytes under an old seqno, signed
-    with its own key, and have them delivered unchecked (`tests/adversarial/test_gossip_seqno_reuse.py`).
-    Each new message is validated; a copy of one being handled never gets here (the seen check comes
-    first). A cached refusal still saves the work: only the author can sign under its name."""
-
-    def __init__(self, ttl: float, max_size: int) -> None:
-        self.ttl = ttl
-        self.max_size = max(1, max_size)
-        self.cache: OrderedDict[bytes, ValidationResult] = OrderedDict()
-
-    def get(self, msg_id: bytes) -> ValidationResult | None:
-        result = self.cache.get(msg_id)
-        if result is None:
-            return None
-        if time.time() - result.timestamp > self.ttl:
-            del self.cache[msg_id]
-            return None
-        if result.is_valid:
-            return None
-        self.cache.move_to_end(msg_id)
-        return result
-
-    def put(self, msg_id: bytes, result: ValidationResult) -> None:
-        self.cache.pop(msg_id, None)
-        while len(self.cache) >= self.max_size:
-            self.cache.popitem(last=False)
-        self.cache[msg_id] = result
-
-    def clear_expired(self) -> None:
-        now = time.time()
-        for msg_id in [k for k, r in self.cache.items() if now - r.timestamp > self.ttl]:
-            del self.cache[msg_id]
 
 
 class NodePubsub(Pubsub):
@@ -285,87 +196,6 @@ class NodePubsub(Pubsub):
             self._on_bad_signature(msg_forwarder)
             return
         await super().push_msg(msg_forwarder, msg)
-
-
-class GateScorer(PeerScorer):
-    """The router's peer scorer, whose gates skip computing a score that cannot fail them. py-libp2p 0.8.1
-    asks them for every message, every peer it may go to, up to three times (publish, gossip, graylist),
-    and each asks the score anew from nested per-peer, per-topic counters (5 % of a node's CPU in
-    `bench/gossip.py`); with a threshold at minus infinity (the library's defaults, which the node keeps)
-    every score passes. A finite threshold is checked as before. Counters, decay and penalties are
-    untouched."""
-
-    def allow_publish(self, peer: ID, topics: list[str]) -> bool:
-        if topics and self.params.publish_threshold == -math.inf:
-            return True
-        return super().allow_publish(peer, topics)
-
-    def allow_gossip(self, peer: ID, topics: list[str]) -> bool:
-        if topics and self.params.gossip_threshold == -math.inf:
-            return True
-        return super().allow_gossip(peer, topics)
-
-    def is_graylisted(self, peer: ID, topics: list[str]) -> bool:
-        if self.params.graylist_threshold == -math.inf:
-            return False
-        return super().is_graylisted(peer, topics)
-
-
-class CountingGossipSub(GossipSub):
-    """GossipSub that counts the RPCs it drops (full queue, oversize) instead of only debug-logging, with
-    `GateScorer` as its scorer."""
-
-    dropped_rpcs: int = 0
-
-    def __init__(self, **kw: Any) -> None:
-        super().__init__(**kw)
-        if type(self.scorer) is PeerScorer:  # fresh: no peer yet, nothing counted
-            self.scorer = GateScorer(self.scorer.params)
-
-    def send_rpc(self, peer_id: ID, rpc: rpc_pb2.RPC, priority: bool = False) -> None:
-        """Queue `rpc` for `peer_id`. The library copies it, attaches control waiting for a retry, and cuts
-        it into parts of at most the queue's message size, rebuilding it field by field in Python even when
-        it is one part (6 % of a forwarding node's CPU). When nothing waits to ride along and it fits, the
-        copy (each peer's queue needs its own: queued RPCs are merged later, `coalesce`) is queued as
-        is; anything else takes the library's path."""
-        pubsub = self.pubsub
-        queue = pubsub.peer_queues.get(peer_id) if pubsub is not None else None
-        if queue is None or peer_id in self._pending_control:
-            super().send_rpc(peer_id, rpc, priority)
-            return
-        outbound = rpc_pb2.RPC()
-        outbound.CopyFrom(rpc)
-        if outbound.ByteSize() > queue.max_message_size:
-            super().send_rpc(peer_id, rpc, priority)
-            return
-        if not queue.push(outbound, priority=priority):
-            self._handle_dropped_rpc(peer_id, outbound, "queue_full")
-
-    def _check_spam_protection(self, peer_id: ID, msg: rpc_pb2.Message) -> bool:
-        """The library's per-peer, per-topic rate limit (`max_messages_per_topic_per_second` in any second),
-        with the expired times cut by a binary search instead of a list rebuilt per message (the list is
-        appended in time order; a clock stepping back only keeps a few stale times a second longer)."""
-        if not self.spam_protection_enabled:
-            return True
-        now = time.time()
-        for topic in msg.topicIDs:
-            stamps = self.message_rate_limits[peer_id][topic]
-            cut = bisect.bisect_right(stamps, now - 1.0)
-            if cut:
-                del stamps[:cut]
-            if len(stamps) >= self.max_messages_per_topic_per_second:
-                logger.warning("gossip: %s over %d messages a second on %s", peer_id, len(stamps), topic)
-                if self.scorer is not None:
-                    self.scorer.penalize_behavior(peer_id, 5.0)
-                return False
-            stamps.append(now)
-        return True
-
-    def _handle_dropped_rpc(self, peer_id: ID, rpc: rpc_pb2.RPC, reason: str) -> None:
-        self.dropped_rpcs += 1
-        if self.dropped_rpcs == 1 or self.dropped_rpcs % 1000 == 0:
-            logger.warning("gossip: dropped %d outbound RPCs (last: %s to %s)", self.dropped_rpcs, reason, peer_id)
-        super()._handle_dropped_rpc(peer_id, rpc, reason)
 
 
 class GossipMixin:

@@ -188,11 +188,11 @@ def test_validation_cache_keeps_refusals_in_lru_order_within_ttl_and_never_answe
 ) -> None:
     from libp2p.pubsub.pubsub import ValidationResult
 
-    from node.p2p import gossip
+    from node.p2p import gossip_wire
 
     now = [1000.0]
-    monkeypatch.setattr(gossip.time, "time", lambda: now[0])
-    cache = gossip.ValidationCache(ttl=10, max_size=3)
+    monkeypatch.setattr(gossip_wire.time, "time", lambda: now[0])
+    cache = gossip_wire.ValidationCache(ttl=10, max_size=3)
     for i in range(3):
         cache.put(b"%d" % i, ValidationResult(False, now[0], f"bad {i}"))
     assert cache.get(b"0") is not None  # a hit becomes the newest ...
