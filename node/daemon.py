@@ -298,38 +298,42 @@ class PolicyPrefills:
 
     def __init__(self, tools: ModelTools, book: Any, data_dir: Path, keep: int = 2) -> None:
         self.tools, self.book, self.data_dir, self.keep = tools, book, data_dir, keep
-        self.held: dict[int, Any] = {}
+        self.held: dict[Any, Any] = {}  # 0 (the base model) or (version, manifest hash) -> prefill
 
-    async def get(self, version: int, have: Path | None = None) -> Any | None:
-        """The prefill of `version`, or None while its announcement or checkpoint is not available."""
+    async def get(self, version: int, have: Path | None = None, weights: str | None = None) -> Any | None:
+        """The prefill of `version` with the weights of manifest hash `weights` (a file is judged against
+        the weights its worker signed for; without it, the first hash announced for the version), or None
+        while that checkpoint is not available (not announced, or no source serves that hash any more).
+        `have`: the checkpoint file of those weights, already downloaded."""
         from .inference.engine import HfPrefill
         from .inference.models import checkpoint_folder
         from .weights.client import DownloadError, download
 
-        if version in self.held:
-            return self.held[version]
+        h = None if version == 0 else weights or self.book.hashes.get(version)
+        key: Any = 0 if version == 0 else (version, h)
+        if key in self.held:
+            return self.held[key]
         if version == 0:
             folder = self.tools.path
         else:
             path = have
             if path is None:
-                h = self.book.hashes.get(version)
                 if h is None or not self.book.sources:
                     log.info("policy version %d not announced yet; checking its work later", version)
                     return None
                 try:
                     path = await download(version, h, list(self.book.sources), self.data_dir / "weights", keep=4)
                 except DownloadError as exc:
-                    log.warning("cannot fetch policy version %d yet: %s", version, exc)
+                    log.warning("cannot fetch policy version %d (weights %s) yet: %s", version, str(h)[:12], exc)
                     return None
             folder = await trio.to_thread.run_sync(
-                checkpoint_folder, self.tools.path, path, self.data_dir / "models" / f"v{version}"
+                checkpoint_folder, self.tools.path, path, self.data_dir / "models" / f"v{version}-{str(h)[:16]}"
             )
         model = await trio.to_thread.run_sync(HfPrefill, folder)
-        others = sorted(v for v in self.held if v != 0)
+        others = [k for k in self.held if k != 0]
         for old in others[: max(0, len(others) - self.keep + 1)]:
             del self.held[old]
-        self.held[version] = model
+        self.held[key] = model
         return model
 
 

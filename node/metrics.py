@@ -81,6 +81,11 @@ class Metrics:
         self.trainer_rejected = Counter(
             "intellect_trainer_rejected", "Rollouts the trainer's checks refused to train on.", registry=r
         )
+        self.trainer_unchecked = Counter(
+            "intellect_trainer_unchecked",
+            "Recorded rollouts the trainer's checks did not cover (too old, weights gone): validators asked to check.",
+            registry=r,
+        )
         self.claims = Counter("intellect_claims", "Reward claims sent.", registry=r)
         # gossip
         self.gossip_rejected = Counter(

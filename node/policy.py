@@ -9,6 +9,7 @@ model, which every node already has.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -59,27 +60,65 @@ class PolicyAnnouncement:
             raise protocol.ProtocolError("malformed policy announcement") from None
 
 
+MAX_HASHES_PER_VERSION = 4  # announced hashes kept per version: one is honest, two already prove a lie
+
+
 class PolicyBook:
     """What a node knows about policy versions: manifest hashes (from signed announcements only)
-    and the current download sources."""
+    and the current download sources.
+
+    A version's weights are fixed by the first hash heard for it (`hashes`: what a worker downloads and
+    signs for in its files' headers, `weights_of`). Every hash announced for a version is kept
+    (`announced`), so that a file is judged against the weights its worker signed for even after the
+    coordinator announced others for that version; two hashes for one version (`conflicts`) are the
+    coordinator's lie, never a worker's: a validator shows them on its status page and the explorer."""
 
     def __init__(self) -> None:
         self.latest = 0
         self.hashes: dict[int, str] = {}
+        self.announced: dict[int, list[str]] = {}
         self.sources: list[str] = []
+
+    def heard(self, version: int, h: str) -> bool:
+        """A hash announced for `version`; True if it is new for that version."""
+        if not h:
+            return False
+        self.hashes.setdefault(version, h)
+        known = self.announced.setdefault(version, [])
+        if h in known or len(known) >= MAX_HASHES_PER_VERSION:
+            return False
+        known.append(h)
+        return True
 
     def update(self, ann: PolicyAnnouncement) -> bool:
         """Record an announcement; True if it names a newer version than known before."""
         for v, h in ann.history.items():
-            self.hashes.setdefault(v, h)
-        if ann.manifest_hash:
-            self.hashes[ann.version] = ann.manifest_hash
+            self.heard(v, h)
+        self.heard(ann.version, ann.manifest_hash)
         if ann.sources:
             self.sources = list(ann.sources)
         if ann.version > self.latest:
             self.latest = ann.version
             return True
         return False
+
+    def signed_for(self, version: int, h: str) -> bool:
+        """Whether `h` was announced for `version` (version 0, the base model, carries no hash)."""
+        return version == 0 or h in self.announced.get(version, ())
+
+    def conflicts(self) -> dict[int, list[str]]:
+        """Versions announced with more than one hash -> those hashes, first heard first."""
+        return {v: list(hs) for v, hs in sorted(self.announced.items()) if len(hs) > 1}
+
+
+def weights_of(header: Any) -> str | None:
+    """The manifest hash of the weights a rollout file's worker generated with and signed for (its
+    header's `extra.weights`: 64 lowercase hex); None for version 0 (the base model) or when the header
+    names none or something else."""
+    h = (header.extra or {}).get("weights")
+    if header.policy_version == 0 or not isinstance(h, str) or not re.fullmatch(r"[0-9a-f]{64}", h):
+        return None
+    return h
 
 
 def announcement_sources(origin: str | None, relays: dict[str, float]) -> list[str]:

@@ -6,23 +6,19 @@ environment; the result says, per completion and for the file, which check faile
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from node.errors import ConfigError
-
+from .calibrated import Calibrated
 from .rollout.budget import FileLimits
 from .rollout.checks import (
     OK,
     Reason,
     SamplingParams,
     SamplingStats,
-    SamplingTolerances,
     Verdict,
     check_reward,
     check_sampling,
@@ -36,78 +32,6 @@ from .rollout.intake import check_bounds, check_sample_indices, check_terms, imp
 from .tasks import MathEnv
 from .taskspec import TaskSpec
 from .toploc import ProofFormatError, Thresholds, verify_proofs
-
-THRESHOLDS_DIR = Path(__file__).resolve().parent / "thresholds"
-
-
-@dataclass(frozen=True)
-class Calibrated:
-    """Thresholds for one model: TOPLOC per-chunk bounds and sampling tolerances."""
-
-    model: str
-    toploc: Thresholds
-    sampling: SamplingTolerances
-    report: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "toploc": self.toploc.to_dict(),
-            "sampling": self.sampling.to_dict(),
-            "report": self.report,
-        }
-
-    def prefill_dtypes(self) -> tuple[str, ...]:
-        """The validator prefill precisions these thresholds were calibrated against, preferred first: a
-        calibration for any precision (`toploc calibrate --precision any`) checked honest work with both
-        fp32 and bf16 prefills; one for a pool-mandated precision, and one that does not say, only fp32
-        or only that precision. Another prefill would meet thresholds nobody measured for it."""
-        precision = (self.report.get("config") or {}).get("precision", "fp32")
-        return {"any": ("float32", "bfloat16"), "bf16": ("bfloat16",)}.get(precision, ("float32",))
-
-    def prefill_dtype(self, wanted: str | None) -> str:
-        """The prefill precision a validator runs: `wanted`, or the preferred one, refused when the
-        calibration did not cover it (honest work could then fail thresholds measured for another)."""
-        allowed = self.prefill_dtypes()
-        if wanted is None:
-            return allowed[0]
-        if wanted not in allowed:
-            raise ConfigError(
-                f"the thresholds for {self.model} were not calibrated with a {wanted} prefill "
-                f"(calibrated: {', '.join(allowed)})",
-                f"use --prefill-dtype {allowed[0]}, or calibrate for it (`intellect-node toploc calibrate "
-                "--precision any`) and pass the result with --thresholds",
-            )
-        return wanted
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Calibrated:
-        return cls(
-            str(d["model"]),
-            Thresholds.from_dict(d["toploc"]),
-            SamplingTolerances.from_dict(d["sampling"]),
-            dict(d.get("report", {})),
-        )
-
-    @classmethod
-    def load(cls, name_or_path: str | Path) -> Calibrated:
-        """A shipped calibration by model name (`tiny`, `smollm2`) or a thresholds file."""
-        p = Path(name_or_path)
-        if not p.exists():
-            p = THRESHOLDS_DIR / f"{name_or_path}.json"
-        try:
-            return cls.from_dict(json.loads(p.read_text()))
-        except FileNotFoundError:
-            raise ConfigError(
-                f"no thresholds file {str(name_or_path)!r} and no calibrated thresholds for a model of that name",
-                "pass a thresholds file (`intellect-node toploc calibrate` writes one) or a shipped model name",
-            ) from None
-        except OSError as exc:
-            raise ConfigError(f"cannot read thresholds file {p}: {exc.strerror or exc}") from None
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(
-                f"thresholds file {p} is malformed ({exc!r})", "write it with `intellect-node toploc calibrate`"
-            ) from None
 
 
 @dataclass(frozen=True)
@@ -326,7 +250,12 @@ class FileChecks:
 
 
 def verify_file(
-    f: RolloutFile, prefill: PrefillFn, checks: FileChecks, *, expected_policy: int | None = None
+    f: RolloutFile,
+    prefill: PrefillFn,
+    checks: FileChecks,
+    *,
+    expected_policy: int | None = None,
+    expected_units: int | None = None,
 ) -> FileVerdict:
     """Check every completion of a rollout file; the file fails on the first failing check of any
     completion, on the file-wide temperature test, or on completions repeated more often than the
@@ -339,7 +268,10 @@ def verify_file(
     `prefill` runs the file's own policy version (its header's). When its record (`expected_policy`,
     written by the coordinator) names another, the file is still judged as itself: one that fails fails
     for what it is (a cheater gains nothing from a record that lies for it), and one that passes is
-    `record_mismatch` (soft: the coordinator, not the node, wrote the record)."""
+    `record_mismatch` (soft: the coordinator, not the node, wrote the record). The same holds for the
+    record's units (`expected_units`): the pool pays by units, so a record that claims more (or fewer)
+    than the file's generated tokens is revoked, softly, whoever it would have paid: the worker signed
+    only the file, and the coordinator that wrote the record is the one shown lying (issue 37 (3))."""
     fc = checks
     seed = f.header.task_seed
     checks: list[SampleCheck | None] = []
@@ -356,6 +288,9 @@ def verify_file(
     verdict = fc.conclude(f.samples, [c for c in checks if c is not None])
     if verdict.ok and expected_policy is not None and f.header.policy_version != expected_policy:
         detail = f"the file says policy version {f.header.policy_version}, its record {expected_policy}"
+        return FileVerdict(Verdict(Reason.RECORD_MISMATCH, detail), verdict.samples)
+    if verdict.ok and expected_units is not None and f.units != expected_units:
+        detail = f"the file holds {f.units} generated tokens, its record claims {expected_units} units"
         return FileVerdict(Verdict(Reason.RECORD_MISMATCH, detail), verdict.samples)
     return verdict
 
@@ -407,9 +342,12 @@ class PoolFileCheck:
             return FileVerdict(Verdict(reason, f"{problem.reason}: {problem.detail}"), [])
         return f
 
-    def judge(self, f: RolloutFile, prefill: Any, expected_policy: int) -> dict[str, Any]:
+    def judge(
+        self, f: RolloutFile, prefill: Any, expected_policy: int, expected_units: int | None = None
+    ) -> dict[str, Any]:
         """The full check of a file that passed `intake`, with `prefill` (a `HfPrefill` of the file's
-        policy version); the verdict as a dict (the evidence a validator signs)."""
+        policy version), against its record's policy version and units; the verdict as a dict (the
+        evidence a validator signs)."""
         tools, spec = self.tools, self.spec
         # One batched forward pass for the samples that reach the prefill (same math as one at a time,
         # much faster): the task's prompt and no more than max_tokens, so a hostile file cannot make us
@@ -429,9 +367,13 @@ class PoolFileCheck:
             p = done.get((tuple(prompt), tuple(completion))) or prefill.prefill(prompt, completion)
             return p.hidden, p.logprobs
 
-        return verify_file(f, fn, checks, expected_policy=expected_policy).to_dict()
+        return verify_file(f, fn, checks, expected_policy=expected_policy, expected_units=expected_units).to_dict()
 
-    def check(self, data: bytes, node: str, prefill: Any, expected_policy: int) -> dict[str, Any]:
+    def check(
+        self, data: bytes, node: str, prefill: Any, expected_policy: int, expected_units: int | None = None
+    ) -> dict[str, Any]:
         """`intake`, then `judge` of what passed it."""
         f = self.intake(data, node)
-        return f.to_dict() if isinstance(f, FileVerdict) else self.judge(f, prefill, expected_policy)
+        if isinstance(f, FileVerdict):
+            return f.to_dict()
+        return self.judge(f, prefill, expected_policy, expected_units)

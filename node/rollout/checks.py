@@ -39,6 +39,9 @@ class Reason(StrEnum):
     # the file is not what the coordinator recorded for it (another policy version): the record is the
     # coordinator's doing, never the node's, so the units are revoked without a slash
     RECORD_MISMATCH = "record_mismatch"
+    # the file names no weights, or weights nobody announced for its version: it cannot be judged against
+    # what its worker signed for, so its units are revoked without a slash (`node.policy.weights_of`)
+    WEIGHTS_UNKNOWN = "weights_unknown"
     UNSIGNED = "not_signed_by_node"
     UNAVAILABLE = "data_unavailable"
 
@@ -287,6 +290,8 @@ def stored_reason(verdict: dict[str, Any]) -> str:
 
 def invalidation_is_hard(reason: str) -> bool:
     """Hard (an accusation that ends in a slash) unless nobody served the file (nobody can show what it
-    held), the file is not what the coordinator recorded (the coordinator wrote the record), or every
+    held), the file is not what the coordinator recorded (the coordinator wrote the record), its weights
+    cannot be told (none named, or none announced for its version), or every
     failure was near its threshold: then soft, the units revoked without a slash."""
-    return reason not in (Reason.UNAVAILABLE, Reason.RECORD_MISMATCH) and not reason.endswith(NEAR)
+    soft = (Reason.UNAVAILABLE, Reason.RECORD_MISMATCH, Reason.WEIGHTS_UNKNOWN)
+    return reason not in soft and not reason.endswith(NEAR)

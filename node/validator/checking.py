@@ -24,7 +24,7 @@ from ..inference.tools import ModelTools
 from ..p2p.blobs import fetch_blob
 from ..p2p.host import P2PError, eth_address_from_peer_id
 from ..p2p.network import PoolNetwork
-from ..policy import PolicyBook
+from ..policy import PolicyBook, weights_of
 from ..rollout.budget import ParseBusy
 from ..rollout.checks import Reason, Verdict
 from ..rollout.file import RolloutFile
@@ -90,15 +90,15 @@ class CheckingMixin:
             out += [a for a in json.loads(raw) if isinstance(a, str)]
         return out
 
-    async def prefill_for(self, version: int) -> Any:
-        """The prefill model of policy `version` (downloaded and checked by hash on first use), or
-        None while its announcement or checkpoint is not available yet."""
+    async def prefill_for(self, version: int, weights: str | None = None) -> Any:
+        """The prefill model of policy `version` with the weights of manifest hash `weights` (downloaded
+        and checked by hash on first use), or None while that checkpoint is not available."""
         if self.prefills is None:
             assert self.tools is not None
             self.prefills = PolicyPrefills(self.tools, self.book, self.cfg.data_dir, keep=3)
             if self.prefill is not None:
                 self.prefills.held[0] = self.prefill
-        return await self.prefills.get(version)
+        return await self.prefills.get(version, weights=weights)
 
     def _save_evidence(self, key: str, verdict: dict[str, Any]) -> str:
         return write_evidence(self.evidence_dir, {"work_key": key, "pool": self.cfg.pool_id, **verdict})
@@ -167,8 +167,23 @@ class CheckingMixin:
             return None
         if isinstance(f, FileVerdict):
             return f.to_dict()
-        # the file's own version: a record that names another is judged in `judge` (record_mismatch)
-        prefill = await self.prefill_for(f.header.policy_version)
+        return await self.judge_file(f, r, last_chance)
+
+    async def judge_file(self, f: RolloutFile, r: dict[str, Any], last_chance: bool = False) -> dict[str, Any] | None:
+        """The verdict on a file that passed `intake`, judged with its own policy version (a record that
+        names another is `record_mismatch`, in `judge`) and the weights its worker signed for (the header's
+        `weights`, `node.policy.weights_of`), never those of a later announcement of that version: a
+        coordinator that re-announces a version with other weights cannot make honest work fail. None
+        while those weights are not announced yet (before `last_chance`) or cannot be fetched."""
+        key = r["work_key"]
+        version, weights = f.header.policy_version, weights_of(f.header)
+        if version > 0 and (weights is None or not self.book.signed_for(version, weights)):
+            if not last_chance:
+                return None  # an announcement we may not have heard yet
+            said = "names no weights" if weights is None else f"names weights {weights[:16]}"
+            detail = f"the file of policy version {version} {said}; none such was announced for that version"
+            return FileVerdict(Verdict(Reason.WEIGHTS_UNKNOWN, detail), []).to_dict()
+        prefill = await self.prefill_for(version, weights)
         if prefill is None:
             return None
         started = time.monotonic()
@@ -190,8 +205,10 @@ class CheckingMixin:
         return self.checker.intake(data, str(r["node"]))
 
     def judge(self, f: RolloutFile, r: dict[str, Any], prefill: Any) -> dict[str, Any]:
-        """The full check of a file that passed `intake` (blocking: prefill and checks; run in a thread)."""
-        return self.checker.judge(f, prefill, int(r["policy_version"]))
+        """The full check of a file that passed `intake` (blocking: prefill and checks; run in a thread),
+        against its record: the policy version and the units the coordinator recorded for it."""
+        units = r.get("units")
+        return self.checker.judge(f, prefill, int(r["policy_version"]), None if units is None else int(units))
 
 
 def _peer_is(addr: str, address: str) -> bool:

@@ -44,6 +44,7 @@ from ..errors import ConfigError
 from ..evidence import MAX_SERVED_EVIDENCE_BYTES
 from ..inference.tools import ModelTools, model_tools
 from ..p2p.blobs import BlobStore
+from ..p2p.envelope import encode
 from ..p2p.membership import ChainMembership
 from ..p2p.network import PoolNetwork
 from ..policy import PolicyAnnouncement, PolicyBook
@@ -107,7 +108,9 @@ class Validator(CheckingMixin, DisputesMixin):
         self.coordinator_peer: str | None = None
         self.last_error = ""
         self.book = PolicyBook()
-        self.book.hashes.update(self.state.policy_hashes())
+        for version, hashes in self.state.policy_hashes().items():
+            for h in hashes:
+                self.book.heard(version, h)
         self.prefills: PolicyPrefills | None = None
 
     def status(self) -> dict[str, Any]:
@@ -125,6 +128,8 @@ class Validator(CheckingMixin, DisputesMixin):
             "txs": self.store.journal.counts(),
             "rpc": self.chain.rpc.health() if self.chain is not None else [],
             "last_error": self.last_error,
+            # versions the coordinator announced with more than one hash: its lie, shown by the explorer
+            "policy_conflicts": {str(v): hs for v, hs in self.book.conflicts().items()},
         }
 
     def _count(self, name: str, value: float = 1.0, **labels: str) -> None:
@@ -337,9 +342,10 @@ class Validator(CheckingMixin, DisputesMixin):
             self.take_hint(env.sender, env.body, coordinator)
 
     def take_hint(self, sender: str, body: bytes, coordinator: str) -> bool:
-        """A failed verdict from the pool's coordinator makes us check that record whatever the sample
-        rate (even if it was skipped already). Only the coordinator is heard, and only to make us look:
-        the verdict is always our own. Returns whether the hint was taken."""
+        """A failed verdict from the pool's coordinator, or its request to check a record its trainer's
+        checks did not cover (`check: true`: a file too old to train on), makes us check that record
+        whatever the sample rate (even if it was skipped already). Only the coordinator is heard, and
+        only to make us look: the verdict is always our own. Returns whether the hint was taken."""
         if sender.lower() != coordinator.lower():
             return False
         try:
@@ -347,7 +353,11 @@ class Validator(CheckingMixin, DisputesMixin):
         except protocol.ProtocolError:
             return False
         key = msg.get("work_key")
-        if msg.get("ok") is not False or not isinstance(key, str) or not re.fullmatch(r"0x[0-9a-f]{64}", key):
+        if (
+            (msg.get("ok") is not False and msg.get("check") is not True)
+            or not isinstance(key, str)
+            or not re.fullmatch(r"0x[0-9a-f]{64}", key)
+        ):
             return False
         self.state.mark_suspect(key, str(msg.get("reason", ""))[:100])
         log.info("the coordinator's trainer refused work %s (%s): checking it", key[:12], str(msg.get("reason"))[:100])
@@ -391,7 +401,14 @@ class Validator(CheckingMixin, DisputesMixin):
                 ann = PolicyAnnouncement.from_body(env.body)
             except protocol.ProtocolError:
                 continue
-            known = set(self.book.hashes)
+            before = {v: list(hs) for v, hs in self.book.announced.items()}
             self.book.update(ann)
-            for v in set(self.book.hashes) - known:
-                self.state.add_policy_hash(v, self.book.hashes[v])
+            for v, hashes in self.book.announced.items():
+                for h in hashes[len(before.get(v, ())) :]:
+                    self.state.add_policy_hash(v, h, encode(env) if v == ann.version else None)
+                    if len(hashes) > 1:
+                        log.error(
+                            "the coordinator announced policy version %d with another hash (%s, first %s): "
+                            "files are judged against the weights their workers signed for",
+                            v, h[:12], hashes[0][:12],
+                        )  # fmt: skip

@@ -58,11 +58,24 @@ class ValidatorState:
             self.store.put("sampling_secret", secret)
         return bytes.fromhex(secret)
 
-    def policy_hashes(self) -> dict[int, str]:
-        return {int(k.split(":")[1]): v for k, v in self.store.query("SELECT k, v FROM kv WHERE k LIKE 'policy:%'")}
+    def policy_hashes(self) -> dict[int, list[str]]:
+        """Every hash heard announced per policy version, first heard first (`PolicyBook.announced`)."""
+        rows = self.store.query("SELECT k, v FROM kv WHERE k LIKE 'policy:%'")
+        return {int(k.split(":")[1]): str(v).split() for k, v in rows if k.count(":") == 1}
 
-    def add_policy_hash(self, version: int, manifest_hash: str) -> None:
-        self.store.put(f"policy:{version}", manifest_hash)
+    def add_policy_hash(self, version: int, manifest_hash: str, envelope: bytes | None = None) -> None:
+        """A hash announced for `version`, after those heard before; with `envelope`, the coordinator's
+        signed announcement that carried it (kept: two of them for one version prove the lie to anyone)."""
+        known = self.policy_hashes().get(version, [])
+        if manifest_hash not in known:
+            self.store.put(f"policy:{version}", " ".join([*known, manifest_hash]))
+        if envelope is not None and self.store.get(f"policyann:{version}:{manifest_hash}") is None:
+            self.store.put(f"policyann:{version}:{manifest_hash}", envelope.hex())
+
+    def policy_announcement(self, version: int, manifest_hash: str) -> bytes | None:
+        """The signed gossip envelope (`node.p2p.envelope.encode`) that announced `manifest_hash` for `version`."""
+        raw = self.store.get(f"policyann:{version}:{manifest_hash}")
+        return bytes.fromhex(raw) if raw else None
 
     def suspect(self, key: str) -> str | None:
         """The coordinator's reason for refusing work `key` in training, if it did."""

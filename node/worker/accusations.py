@@ -20,6 +20,7 @@ from ..daemon import (
 )
 from ..evidence import MAX_SERVED_EVIDENCE_BYTES, EvidenceError, compare, parse_evidence
 from ..inference.tools import model_tools
+from ..policy import weights_of
 from ..rollout.budget import MemoryBudget
 from ..rollout.checks import invalidation_is_hard, stored_reason
 from ..rollout.file import MAX_FILE_BYTES, RolloutFile, RolloutFormatError, work_key
@@ -151,9 +152,12 @@ class AccusationsMixin:
         f = checker.intake(data, self.node.address)
         if not isinstance(f, RolloutFile):
             return f.to_dict()
-        version = f.header.policy_version
+        version, weights = f.header.policy_version, weights_of(f.header)
+        if version > 0 and weights is None:
+            return None  # a file of ours names its weights; this one cannot be re-checked
         prefills = PolicyPrefills(checker.tools, self.book, self.cfg.data_dir, keep=1)
-        prefill = await prefills.get(version, self.downloaded.get(version))
+        have = self.downloaded.get(version) if self.weights_hash.get(version) == weights else None
+        prefill = await prefills.get(version, have, weights=weights)
         if prefill is None:
             return None
         try:

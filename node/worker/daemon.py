@@ -125,6 +125,7 @@ class Worker(JoiningMixin, GenerationMixin, AccusationsMixin, SubmittingMixin):
         self.envs: dict[str, Any] = {}  # environments by name, prepared (`GenerationMixin.environment`)
         self.loaded_version = 0
         self.downloaded: dict[int, Path] = {}
+        self.weights_hash: dict[int, str] = {}  # version -> manifest hash of the weights downloaded for it
         self.phase_started_work = False  # set once joined: from then on the worker waits out outages
         self._downloading: set[int] = set()
         self._new_download = trio.Event()

@@ -116,7 +116,8 @@ class GenerationMixin:
             task_seed=task.seed,
             sampling=dict(s),
             model=task.model,
-            extra={"task_id": task.task_id},
+            # the weights generated with, signed with the file: validators judge it against these alone
+            extra={"task_id": task.task_id, **({"weights": self.weights_hash[version]} if version > 0 else {})},
         )
 
         cheat = self.cfg.cheat
@@ -242,8 +243,10 @@ class GenerationMixin:
             started = time.monotonic()
             path = await download(version, h, sources, self.cfg.data_dir / "weights", keep=4)
             self.downloaded[version] = path
+            self.weights_hash[version] = h
             for old in [v for v in self.downloaded if v < version - 4]:
                 self.downloaded.pop(old, None)
+                self.weights_hash.pop(old, None)
             self.download_took = time.monotonic() - started
             log.info("policy version %d downloaded and verified in %.1f s", version, self.download_took)
             self._new_download.set()

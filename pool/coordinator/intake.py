@@ -19,6 +19,7 @@ from node.chain.signing import RolloutClaim
 from node.p2p.patches import prefix_of
 from node.p2p.reqresp import PEER_IP
 from node.p2p.rules import ROLE_MEMBER
+from node.policy import weights_of
 from node.rollout.budget import ParseBusy
 from node.rollout.file import RolloutFile, RolloutFormatError
 from node.rollout.intake import completion_hashes
@@ -362,6 +363,14 @@ class IntakeMixin:
             return self._reject(sender, "malformed", str(exc))
         finally:
             self._parsing.discard(sender)
+        version = f.header.policy_version
+        if version > 0 and weights_of(f.header) != self.state.version_hash(version):
+            self.blobs.delete(key)
+            return self._reject(
+                sender, "wrong-weights",
+                f"the file names weights {str(weights_of(f.header))[:16]} for policy version {version}, "
+                f"announced as {str(self.state.version_hash(version))[:16]}",
+            )  # fmt: skip
         draws, copies = self._prior(f)
         decision = await trio.to_thread.run_sync(
             lambda: protocol.check_submission(

@@ -301,6 +301,15 @@ class CoordinatorState:
 
     # -- training
 
+    def mark_stale(self, min_version: int) -> list[str]:
+        """Untrained rollouts older than `min_version`, marked never to be trained on; their keys."""
+        rows = self.store.query(
+            "SELECT work_key FROM rollouts WHERE trained = 0 AND policy_version < ? ORDER BY accepted_at",
+            (min_version,),
+        )
+        self.store.execute("UPDATE rollouts SET trained = -1 WHERE trained = 0 AND policy_version < ?", (min_version,))
+        return [str(r[0]) for r in rows]
+
     def to_train(self, min_version: int, n: int) -> list[str]:
         """The oldest `n` untrained rollouts, once those older than `min_version` are marked never to be."""
         self.store.execute("UPDATE rollouts SET trained = -1 WHERE trained = 0 AND policy_version < ?", (min_version,))
@@ -360,6 +369,11 @@ class CoordinatorState:
 
     def recent_versions(self, since: float) -> list[int]:
         return [int(r[0]) for r in self.store.query("SELECT version FROM steps WHERE at >= ?", (since,))]
+
+    def version_hash(self, version: int) -> str | None:
+        """The manifest hash policy `version` was committed (and announced) with; None if it never was."""
+        h = self.store.scalar("SELECT manifest_hash FROM steps WHERE version = ?", (version,))
+        return None if h is None else str(h)
 
     def history(self, n: int) -> dict[int, str]:
         """Manifest hashes of the last `n` policy versions."""

@@ -74,6 +74,8 @@ class TrainingMixin:
         the last committed version."""
         cfg = self.cfg
         v = cfg.policy_version
+        for key in self.state.mark_stale(v - cfg.async_level):
+            await self._ask_check(key, "stale: too old to train on")
         rows = self.state.to_train(v - cfg.async_level, cfg.train_files)
         if len(rows) < cfg.train_files:
             return False
@@ -111,6 +113,8 @@ class TrainingMixin:
         self._announce_now.set()
         for key, verdict in failed.items():
             await self._report_failed(key, verdict)
+        for i in stats.unchecked:
+            await self._ask_check(keys[i], "its version's weights were gone")
         for old in sorted((cfg.data_dir / "checkpoints").glob("v*")):
             n = int(old.name[1:]) if old.name[1:].isdigit() else None
             if n is not None and n <= new - cfg.keep_checkpoints and n not in protect:
@@ -150,6 +154,19 @@ class TrainingMixin:
                 await self.net.publish("verdict", protocol.pack(msg))
             except Exception as exc:  # no peers: the validators still check it by their sample rate
                 log.info("could not publish the trainer's verdict on %s: %r", key[:12], exc)
+
+    async def _ask_check(self, key: str, why: str) -> None:
+        """A recorded rollout the trainer's checks never covered (too old to train on, or its version's
+        weights gone): the validators are asked to check it whatever their sample rate, so that nothing is
+        paid on the strength of a check nobody ran. A request to look, not a verdict (`take_hint`)."""
+        log.info("rollout %s was not checked by the trainer (%s): asking the validators to check it", key[:12], why)
+        self._count("trainer_unchecked")
+        if self.net is not None:
+            msg = {"work_key": key, "check": True, "reason": f"unchecked: {why}", "by": "trainer"}
+            try:
+                await self.net.publish("verdict", protocol.pack(msg))
+            except Exception as exc:  # no peers: the validators still check it by their sample rate
+                log.info("could not ask the validators to check %s: %r", key[:12], exc)
 
     async def _publish_step(self, new: int, protect: set[int]) -> Any:
         """Save the trainer's weights (and optimizer state) as checkpoint `new` and publish it on the

@@ -27,6 +27,32 @@ def live_table(live: Sequence[Mapping[str, Any]]) -> list[str]:
     ]
 
 
+def conflicts_table(live: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The "Policy versions announced twice" section: every (version, hashes) a status page reports in
+    `policy_conflicts` (a validator heard the coordinator announce one version with other weights: the
+    coordinator's lie, `node.policy.PolicyBook.conflicts`), with the page that reports it (none: no section).
+    A status page is anybody's, so this is its daemon's word: each validator keeps the two signed
+    announcements, which anyone can check."""
+    rows = []
+    for s in live:
+        got = s.get("policy_conflicts")
+        if not isinstance(got, Mapping):
+            continue
+        for version, hashes in list(got.items())[:100]:
+            if isinstance(hashes, Sequence) and not isinstance(hashes, str):
+                shown = ", ".join(short(_text(h, 80), 8) for h in list(hashes)[:4])
+                rows.append([td(_text(s.get("url", ""))), td(_text(s.get("address", ""), 100)), td(_text(version)),
+                             td(shown)])  # fmt: skip
+    if not rows:
+        return []
+    return [
+        "<h2>Policy versions announced with other weights</h2>",
+        "<p>The coordinator announced these versions with more than one weight hash. Work is judged against "
+        "the weights its worker signed for; these are evidence against the coordinator, never against a worker.</p>",
+        table(["reported by", "address", "version", "weight hashes (first heard first)"], rows, cls="conflicts"),
+    ]
+
+
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 

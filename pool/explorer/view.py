@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 from node.audit import AuditSnapshot, Rec, node_ledgers
 
-from .live import live_table
+from .live import conflicts_table, live_table
 from .render import PAGE_ROWS, code, duration, e, line_chart, page, page_count, pages, raw, short, table, td, tokens
 
 POOL_STATUS = {0: "none", 1: "created", 2: "active", 3: "ended"}
@@ -236,6 +236,7 @@ def pool_page(
         else "",
     ]
     out += live_table(live)
+    out += conflicts_table(live)
     start, end, nav = pages(len(v.records), page_no, f"/pool/{v.pool_id}?")
     out += [
         f"<h2>Records ({len(v.records):,}, newest first)</h2>",

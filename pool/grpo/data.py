@@ -1,5 +1,5 @@
 """From rollout files to training batches: stale files refused, group advantages, zero-advantage samples
-dropped, right-padded tensors, micro-batches, and token log-probs from logits. A mixin of `Trainer`."""
+kept for the checks but not trained on, right-padded tensors, micro-batches, and token log-probs from logits. A mixin of `Trainer`."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ class _Item:
     temperature: float
     version: int = 0  # policy version that generated the sample
     file: int = -1  # index of its rollout file in the step's input
+    train: bool = True  # False: checked with its file, never trained on (zero advantage, non-finite reward)
 
 
 class DataMixin:
@@ -39,7 +40,11 @@ class DataMixin:
     device: torch.device
 
     def _select(self, files: Sequence[RolloutFile], current_version: int) -> tuple[list[_Item], dict[str, Any]]:
-        """Refuse stale/future files, compute group advantages, drop zero-advantage samples."""
+        """Refuse stale/future files and compute group advantages. Every sample of every other file is an
+        item, so that the trainer's checks see all of it: one whose advantage is zero (its group's rewards
+        are all equal) or whose reward is not finite is checked and not trained on (`_Item.train`).
+        Dropping them before the checks let a fabricated file whose groups all score the same pass
+        unchecked."""
         info: dict[str, Any] = {"files": 0, "stale_rejected": 0, "stale_samples": 0, "rewards": []}
         samples: list[RolloutSample] = []
         temps: list[float] = []
@@ -56,24 +61,27 @@ class DataMixin:
             info["files"] += 1
             temp = float(f.header.sampling.get("temperature", 1.0)) or 1.0  # greedy rollouts: plain logits
             for s in f.samples:
-                if not math.isfinite(s.reward):  # never a NaN advantage (the checks refuse the file too)
-                    continue
                 samples.append(s)
                 temps.append(temp)
                 versions.append(v)
                 file_of.append(fi)
-                group_ids.append(keys.setdefault((fi, s.group), len(keys)))
-        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float64)
+                # a non-finite reward is in no group: never a NaN advantage (the checks refuse its file)
+                group_ids.append(keys.setdefault((fi, s.group), len(keys)) if math.isfinite(s.reward) else -1)
+        finite = [i for i, g in enumerate(group_ids) if g >= 0]
+        rewards = torch.tensor([samples[i].reward for i in finite], dtype=torch.float64)
         info["rewards"] = rewards.tolist()
         if not samples:
             return [], info
-        adv = group_advantages(rewards, torch.tensor(group_ids))
+        adv = [0.0] * len(samples)
+        if finite:
+            groups = torch.tensor([group_ids[i] for i in finite])
+            for i, a in zip(finite, group_advantages(rewards, groups).tolist(), strict=True):
+                adv[i] = float(a)
         items = [
-            _Item(s, float(a), t, v, fi)
-            for s, a, t, v, fi in zip(samples, adv.tolist(), temps, versions, file_of, strict=True)
-            if a != 0.0
+            _Item(s, a, t, v, fi, train=a != 0.0)
+            for s, a, t, v, fi in zip(samples, adv, temps, versions, file_of, strict=True)
         ]
-        info["zero_adv_dropped"] = len(samples) - len(items)
+        info["zero_adv_dropped"] = sum(1 for it in items if not it.train)
         return items, info
 
     def _batch(self, items: Sequence[_Item]) -> dict[str, Tensor]:

@@ -34,7 +34,9 @@ class StepStats:
     stale_rejected: int  # rollout files refused for their policy version (never trained on)
     stale_samples: int  # samples in those files
     samples_seen: int  # samples in accepted files
-    zero_adv_dropped: int  # samples dropped because their group's rewards were all equal
+    zero_adv_dropped: (
+        int  # samples not trained on (checked with their file) because their group's rewards were all equal
+    )
     samples_trained: int
     tokens: int  # completion tokens trained on
     mean_reward: float  # over samples_seen (nan when none)
@@ -52,6 +54,8 @@ class StepStats:
     verify_seconds: float = 0.0  # time spent in those checks (beyond the forward pass the step runs anyway)
     # files that failed the checks: (index in the step's input, verdict as `FileVerdict.to_dict`)
     rejected: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    # files (index in the step's input) the checks could not cover: their version's weights were gone
+    unchecked: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -194,7 +198,8 @@ class Trainer(DataMixin, CheckpointMixin):
         verifying = self.checks is not None
         t_verify = 0.0
         sample_checks: dict[int, Any] = {}  # index in `mine` -> SampleCheck
-        forward = list(range(len(mine)))
+        # without checks only trained samples need old log-probs; with them every sample is checked
+        forward = [i for i, it in enumerate(mine) if it.train]
         if verifying:
             t = time.perf_counter()
             forward = []
@@ -240,8 +245,9 @@ class Trainer(DataMixin, CheckpointMixin):
 
         # only verified samples of files that passed are trained on (with `checks`)
         rejected: list[tuple[int, dict[str, Any]]] = []
+        unchecked: list[int] = []
         unverified = 0
-        keep = list(range(len(mine)))
+        keep = [i for i, it in enumerate(mine) if it.train]
         if verifying:
             t = time.perf_counter()
             by_file: dict[int, list[int]] = {}
@@ -253,11 +259,17 @@ class Trainer(DataMixin, CheckpointMixin):
                 if not fv.ok:
                     bad_flags[fi] = 1.0
                     rejected.append((fi, fv.to_dict()))
-            bad = {fi for fi, b in enumerate(self._all_reduce(bad_flags, "max")) if b > 0}
-            unverified = sum(1 for i in range(len(mine)) if i not in sample_checks)
-            keep = [i for i in range(len(mine)) if i in sample_checks and mine[i].file not in bad]
+            gone = [0.0] * len(files)
+            for i in range(len(mine)):
+                if i not in sample_checks:
+                    gone[mine[i].file] = 1.0
+            flags = self._all_reduce(bad_flags + gone, "max")
+            bad = {fi for fi, b in enumerate(flags[: len(files)]) if b > 0}
+            unchecked = [fi for fi, b in enumerate(flags[len(files) :]) if b > 0 and fi not in bad]
+            unverified = sum(1 for i in range(len(mine)) if i not in sample_checks and mine[i].train)
+            keep = [i for i in keep if i in sample_checks and mine[i].file not in bad]
             t_verify += time.perf_counter() - t
-        rejected_samples = sum(1 for i in range(len(mine)) if i in sample_checks) - len(keep)
+        rejected_samples = sum(1 for i in sample_checks if mine[i].train) - len(keep)
         kept = [mine[i] for i in keep]
         my_tokens = sum(len(it.sample.completion_tokens) for it in kept)
         micro = self._micro(kept)
@@ -355,6 +367,7 @@ class Trainer(DataMixin, CheckpointMixin):
             rejected_samples=int(red[7]),
             verify_seconds=t_verify,
             rejected=rejected,
+            unchecked=unchecked,
         )
 
     def _verify_row(

@@ -99,3 +99,23 @@ def test_a_record_under_another_policy_version_revokes_units_but_never_slashes(
     shielded = v.judge(bad, _row(v) | {"policy_version": 3}, hf_prefill)
     assert shielded["verdict"]["reason"] == "reward_mismatch", shielded["verdict"]
     assert validator_rules.invalidation_is_hard(validator_rules.stored_reason(shielded))
+
+
+def test_a_record_with_other_units_than_its_file_is_revoked_softly(
+    tmp_path: Path, tiny_model: Path, vllm_engine: Any, hf_prefill: Any
+) -> None:
+    """Issue 37 (3): the pool pays by a record's units, and the coordinator writes them. A record with
+    1000 times its file's generated tokens (a coordinator paying a colluding worker a share of the
+    pool's budget) used to be judged like the true one. The validator compares the record's units with
+    the file's and revokes a mismatch softly: the worker signed only the file, so nobody is slashed,
+    and nobody is paid for units no file holds (nor fewer than its file's: same rule, both ways)."""
+    v = _validator(tmp_path, tiny_model)
+    f = RolloutFile.from_bytes(_honest(vllm_engine, v).to_bytes())
+    honest = v.judge(f, _row(v) | {"units": f.units}, hf_prefill)
+    assert honest["ok"], honest["verdict"]
+    for units in (f.units * 1000, f.units + 1, f.units - 1):
+        lied = v.judge(f, _row(v) | {"units": units}, hf_prefill)
+        assert not lied["ok"] and lied["verdict"]["reason"] == "record_mismatch", (units, lied["verdict"])
+        assert str(units) in lied["verdict"]["detail"]
+        reason = validator_rules.stored_reason(lied)
+        assert not validator_rules.invalidation_is_hard(reason) and not validator_rules.vote_upholds(lied)

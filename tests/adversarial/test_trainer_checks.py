@@ -121,6 +121,7 @@ def test_rollouts_of_an_older_version_are_checked_with_that_version(
     t._history.clear()  # a trainer that lost version 0's weights cannot check the file: it skips it
     st = t.step([late], 3)
     assert st.samples_trained == 0 and st.unverified_dropped > 0, st
+    assert st.unchecked == [0] and st.rejected == []  # reported as unchecked (the coordinator asks validators)
 
 
 async def test_the_coordinator_marks_and_reports_what_its_trainer_refused(
@@ -186,3 +187,51 @@ async def test_the_coordinator_marks_and_reports_what_its_trainer_refused(
     assert v.take_hint(coord.key.address, hint, coord.key.address)
     assert v.store.scalar("SELECT status FROM checks WHERE work_key = ?", (keys[1],)) == "pending"
     assert v.store.get(f"suspect:{keys[1]}") == "toploc_exponent_mismatch"
+
+
+def _fabricated(honest: RolloutFile, checks: Any, seed: int = 7) -> RolloutFile:
+    """Random tokens and all-zero proofs, every sample the same length with the reward the task gives
+    its text: nothing was generated, and every group's rewards are equal (so no sample has an advantage)."""
+    gen = torch.Generator().manual_seed(seed)
+    env = get_env(ENV)
+    stop = min(checks.stop_ids)
+    out = []
+    for s in honest.samples:
+        ids = [
+            int(t)
+            for t in torch.randint(0, int(checks.vocab_size), (40,), generator=gen)
+            if int(t) not in checks.stop_ids
+        ]
+        ids = [*ids[:32], stop]
+        problem = env.problem(SEED, s.group)
+        reward = env.reward(problem, checks.decode(ids), len(ids))
+        proofs = [bytes(len(s.proofs[0]))] * chunks_for(len(ids))
+        out.append(dataclasses.replace(s, completion_tokens=ids, logprobs=[-1.0] * len(ids), proofs=proofs,
+                                       finish_reason="stop", reward=reward))  # fmt: skip
+    return RolloutFile(honest.header, out)
+
+
+def test_a_file_whose_groups_all_score_the_same_is_still_checked(
+    vllm_engine: Any, tiny_model: Path, checks: Any
+) -> None:
+    """Issue 37 (1): a fabricated file (random tokens, zero proofs) whose groups' rewards are all equal has
+    no sample with an advantage. The trainer used to drop such samples before the pass that runs the
+    checks, so the file was never checked, never reported, and paid. Every sample of every file is now
+    checked whatever the step then trains on, and the file is refused and reported."""
+    from pool.grpo import Trainer
+
+    honest = _generate(vllm_engine, checks)
+    fake = _fabricated(_generate(vllm_engine, checks, seed=SEED + 4), checks)
+    by_group: dict[int, set[float]] = {}
+    for s in fake.samples:
+        by_group.setdefault(s.group, set()).add(s.reward)
+    assert all(len(r) == 1 for r in by_group.values()), by_group  # no advantage anywhere in the fake
+    t = Trainer(tiny_model, lr=1e-3, async_level=0, checks=checks, micro_batch_size=8)
+    stats = t.step([honest, fake], 0)
+    reasons = {i: v["verdict"]["reason"] for i, v in stats.rejected}
+    assert set(reasons) == {1}, reasons
+    assert reasons[1].startswith("toploc") or reasons[1] == str(Reason.PROOF_MALFORMED), reasons
+    assert stats.samples_trained == stats.verified > 0 and stats.unchecked == [], stats
+    # the honest file is trained on as before: the fake changed nothing but its own verdict
+    alone = Trainer(tiny_model, lr=1e-3, async_level=0, checks=checks, micro_batch_size=8).step([honest], 0)
+    assert alone.samples_trained == stats.samples_trained and alone.rejected == []

@@ -83,3 +83,20 @@ def test_a_page_that_cannot_be_drawn_is_a_500_not_a_dead_server() -> None:
     assert status(b"/pool/1/node/0xn") == 200  # the node page needs no parameters
     assert status(b"/pool/2") == 404 and status(b"/\xff") == 400
     assert next(ev.status_code for ev in ex.route(b"POST", b"/") if isinstance(ev, h11.Response)) == 405
+
+
+def test_versions_announced_with_other_weights_are_shown_from_any_status_page() -> None:
+    from pool.explorer.live import conflicts_table
+
+    h1, h2 = "11" * 32, "22" * 32
+    pages = [
+        {"url": "http://v1/status", "address": "0x" + "aa" * 20, "policy_conflicts": {"3": [h1, h2]}},
+        {"url": "http://v2/status", "policy_conflicts": {"<script>": ["<b>", 7, None]}},  # hostile shapes
+        {"url": "http://v3/status", "policy_conflicts": "nonsense"},
+        {"url": "http://v4/status"},
+    ]
+    html = "".join(conflicts_table(pages))
+    assert "announced with other weights" in html and "http://v1/status" in html
+    assert h1[:10] in html and h2[-8:] in html
+    assert "<script>" not in html and "&lt;script&gt;" in html
+    assert conflicts_table([{"url": "x"}, {"policy_conflicts": {}}]) == []
