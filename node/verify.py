@@ -19,12 +19,15 @@ from .rollout.checks import (
     Reason,
     SamplingParams,
     SamplingStats,
+    StopStats,
     Verdict,
     check_reward,
     check_sampling,
     check_termination,
     sampling_distribution,
+    stop_stats,
     temperature_test,
+    termination_test,
 )
 from .rollout.exact import replay_many, replay_verdict, sample_seed
 from .rollout.file import MAX_ROWS, MAX_TOKENS, RolloutFile, RolloutFormatError, RolloutSample
@@ -127,6 +130,7 @@ class SampleCheck:
     verdict: SampleVerdict
     stats: SamplingStats | None = None  # sampling sums for the temperature test (passing completions)
     logq: float | None = None  # our log-probability of the completion (for the repeat bound)
+    stops: StopStats | None = None  # stop-token figures for the termination test (statistical pools)
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,8 @@ class FileChecks:
         verdicts, with the exact-sampling replays run in shared passes (`replay_many`)."""
         tol = self.calibrated.sampling
         found: list[tuple[Verdict, list[Any], SamplingStats | None, float | None]] = []
+        stops: list[StopStats | None] = []
+        statistical = self.params.temperature > 0 and not self.params.exact
         for smp, hidden, raw in items:
             verdict, chunks = toploc_verdict(hidden, smp.proofs, self.calibrated.toploc)
             stats = logq = None
@@ -181,6 +187,8 @@ class FileChecks:
                 logq = completion_logq(raw, smp.completion_tokens, self.params)
                 verdict, stats = check_sampling(raw, smp.completion_tokens, smp.logprobs, self.params, tol)
             found.append((verdict, chunks, stats, logq))
+            ok = verdict.ok and statistical and raw.shape[0] == len(smp.completion_tokens)
+            stops.append(stop_stats(raw, smp.completion_tokens, self.params, self.stop_ids) if ok else None)
         if self.params.exact and self.params.temperature > 0:
             todo = [k for k, (verdict, *_) in enumerate(found) if verdict.ok]
             replays = replay_many(
@@ -200,8 +208,8 @@ class FileChecks:
             verdict, chunks, stats, logq = found[k]
             found[k] = (verdict if reward.ok else reward, chunks, stats, logq)  # a pass keeps its figures
         return [
-            SampleCheck(SampleVerdict(smp.group, smp.sample, verdict, chunks), stats, logq)
-            for (smp, _, _), (verdict, chunks, stats, logq) in zip(items, found, strict=True)
+            SampleCheck(SampleVerdict(smp.group, smp.sample, verdict, chunks), stats, logq, stop)
+            for (smp, _, _), (verdict, chunks, stats, logq), stop in zip(items, found, stops, strict=True)
         ]
 
     def reward_verdicts(self, task_seed: int, samples: Sequence[RolloutSample]) -> list[Verdict]:
@@ -244,6 +252,8 @@ class FileChecks:
             )
         if first_bad is None and self.params.temperature > 0 and not self.params.exact:
             t = temperature_test([c.stats for c in checks if c.stats is not None], self.calibrated.sampling)
+            if t.ok:  # stop tokens drawn as often as the model's own stop probabilities say (issue 37 (7))
+                t = termination_test([c.stops for c in checks if c.stops is not None])
             if not t.ok:
                 first_bad = t
         return FileVerdict(first_bad or OK, [c.verdict for c in checks])

@@ -10,6 +10,7 @@ Pure functions over tensors and lists; each returns a `Verdict` with a reason co
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -267,6 +268,63 @@ def temperature_test(stats: list[SamplingStats], tol: SamplingTolerances) -> Ver
         side = "hotter" if z > 0 else "colder"
         return Verdict(Reason.TEMPERATURE_MISMATCH, f"tokens look sampled {side} than claimed (z = {z:.1f})", figures)
     return Verdict(Reason.OK, figures=figures)
+
+
+TERMINATION_ALPHA = 1e-9  # chance that an honest file fails the termination test (each tail)
+
+
+@dataclass(frozen=True)
+class StopStats:
+    """One completion's stop-token figures under the sampling distribution: `stopped` 1 if it ended on a
+    stop token, `expected` the sum over its positions of q(stop set), `variance` the sum of q(1 - q)."""
+
+    stopped: int
+    expected: float
+    variance: float
+
+
+def stop_stats(raw_logprobs: torch.Tensor, tokens: list[int], p: SamplingParams, stop_ids: set[int]) -> StopStats:
+    """`StopStats` of a completion from the validator's raw log-softmax rows [T, V] (row t produced
+    token t), under the task's sampling distribution (temperature, top-k, top-p)."""
+    ids = sorted(i for i in stop_ids if 0 <= i < raw_logprobs.shape[1])
+    if not ids or p.temperature <= 0:
+        return StopStats(0, 0.0, 0.0)
+    if 0 < p.top_k < raw_logprobs.shape[1] or p.top_p < 1.0:
+        logq = sampling_distribution(raw_logprobs, p)[:, ids]
+    else:
+        scaled = raw_logprobs.double() / p.temperature
+        logq = scaled[:, ids] - torch.logsumexp(scaled, dim=-1, keepdim=True)
+    q = torch.logsumexp(logq, dim=-1).exp().clamp(0.0, 1.0)
+    stopped = int(bool(tokens) and tokens[-1] in stop_ids)
+    return StopStats(stopped, float(q.sum()), float((q * (1.0 - q)).sum()))
+
+
+def termination_test(stats: Sequence[StopStats], alpha: float = TERMINATION_ALPHA) -> Verdict:
+    """Whether a file's completions stop as often as the model's own stop probabilities say.
+
+    Along one completion the indicator "a stop token was drawn at this position" minus q(stop) there is
+    a martingale difference bounded by 1, so over a file the number of stops S and its compensator E (the
+    sum of q(stop) over every position generated) differ by more than a only with probability at most
+    exp(-a^2 / (2 (V + a / 3))) (Freedman's inequality; V the sum of q(1 - q)), in either direction. A
+    worker that bans stop tokens (longer completions, or more tokens paid) has S far below E; one that
+    forces them where the model would rarely stop has S far above. Each tail fails below `alpha`: an
+    honest file fails with probability below 2 `alpha`. Statistical pools only: exact sampling replays
+    every token, stop tokens included."""
+    s = sum(x.stopped for x in stats)
+    e = sum(x.expected for x in stats)
+    v = sum(x.variance for x in stats)
+    a = abs(e - s)
+    if a <= 0:
+        return OK
+    log_bound = -(a * a) / (2.0 * (v + a / 3.0))
+    figures = {"stops": float(s), "expected_stops": e, "log_bound": log_bound}
+    if log_bound >= math.log(alpha):
+        return Verdict(Reason.OK, figures=figures)
+    if s < e:
+        detail = f"{s} completions stopped where the model's stop probabilities expect {e:.1f}: stop tokens suppressed"
+    else:
+        detail = f"{s} completions stopped where the model's stop probabilities expect {e:.1f}: stops forced"
+    return Verdict(Reason.BAD_TERMINATION, detail + f" (chance for honest sampling below e^{log_bound:.0f})", figures)
 
 
 def check_reward(claimed: float, recomputed: float, tol: float = 1e-6) -> Verdict:
