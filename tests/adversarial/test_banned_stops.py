@@ -82,7 +82,9 @@ def _file(engine: Any, checks: Any, ban: bool) -> RolloutFile:
     finally:
         engine._sampling_params = plain
     header = RolloutHeader(1, "0x" + "ab" * 20, 0, "math", SEED, dict(SAMPLING), "tiny")
-    return RolloutFile.from_bytes(build_rollout_file(header, problems, groups, env=env, decode=checks.decode).to_bytes())
+    return RolloutFile.from_bytes(
+        build_rollout_file(header, problems, groups, env=env, decode=checks.decode).to_bytes()
+    )
 
 
 def _verify(f: RolloutFile, prefill: Any, checks: Any) -> FileVerdict:
