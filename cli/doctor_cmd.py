@@ -35,6 +35,7 @@ def doctor_command(
     and its chain, the pool and its spec and model, the provider's gas and stake, and the coordinator's
     address. Changes nothing. Exits 1 if any check fails."""
     checks = [doctor.check_python(), doctor.check_packages(), doctor.check_accelerator()]
+    checks.append(doctor.check_sandbox_cgroup())
     checks.append(doctor.check_disk(Path(data_dir), min_free_gb))
     hp = doctor.multiaddr_host_port(listen)
     checks.append(

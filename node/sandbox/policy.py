@@ -1,15 +1,28 @@
 """What a sandboxed run may do, as data: the limits, the seccomp program that forbids new processes, the
-bubblewrap command line and the bootstrap the interpreter runs first. Pure functions (no I/O); the runner
-(`node.sandbox.runner`) only starts processes and moves bytes.
+bubblewrap command line, the bootstrap the interpreter runs first and the run's cgroup settings. Pure
+functions (no I/O); the runner (`node.sandbox.runner`) only starts processes and moves bytes, and
+`node.sandbox.cgroup` finds and makes the cgroups.
 
 The sandbox holds model-written code. Inside it the code sees a read-only interpreter and system
 libraries, a fresh size-capped tmpfs as its only writable place (and working directory), a /dev of
-four device nodes (null, zero, random, urandom), no /proc, /sys, /etc or home, no network (its own empty network namespace), its own PID, IPC and
-UTS namespaces, no capabilities, no new user namespaces, and no way to start another process (seccomp:
-fork, vfork and clone without CLONE_THREAD fail with EPERM, clone3 with ENOSYS so that libraries fall
-back to clone); threads stay allowed. The bootstrap lowers its rlimits (CPU seconds, address space,
-open files, file size, core dumps) before it reads the program, hard and soft alike, so the code cannot
-raise them. The runner adds a wall-clock deadline and a cap on output, and kills everything at the end.
+four device nodes (null, zero, random, urandom), no /proc, /sys, /etc or home, no network (its own empty
+network namespace), its own PID, IPC and UTS namespaces, no capabilities in any set whoever runs the node
+(root included: bubblewrap's `--cap-drop ALL`), no new user namespaces, and no way to start another
+process or enter another namespace (seccomp: fork, vfork and clone without CLONE_THREAD fail with EPERM,
+so does any clone with a CLONE_NEW* flag, unshare and setns; clone3 with ENOSYS so that libraries fall
+back to clone); threads stay allowed. SysV IPC is refused (its shared memory would outlive RLIMIT_AS).
+The bootstrap lowers its rlimits (CPU seconds, address space, open files, file size, core dumps) before
+it reads the program, hard and soft alike, so the code cannot raise them. Where the host delegates a
+cgroup, each run gets its own with a pids and a memory limit. The runner adds a wall-clock deadline and
+a cap on output, and kills everything at the end.
+
+The seccomp filter is a denylist, not an allowlist: the set of calls that CPython, glibc and the
+libraries a task imports make changes with their versions (rseq, clone3, statx, faccessat2, close_range,
+getrandom, epoll_pwait2 and newer vDSO fallbacks all arrived in the last few glibc releases), and a
+call missing from an allowlist fails only on the nodes whose glibc makes it, so that nodes would disagree
+about the same program's verdict. What an allowlist would buy is cut down by the rest: no capabilities,
+no namespaces and no user namespaces leave the unprivileged kernel surface, and the most-used of its
+risky parts (bpf, perf, io_uring, userfaultfd, keyrings, ptrace, SysV IPC) are denied by name.
 """
 
 from __future__ import annotations
@@ -32,11 +45,25 @@ class Limits:
     file_bytes: int = 1 << 20  # largest file the code may write (RLIMIT_FSIZE)
     tmpfs_bytes: int = 16 << 20  # all it may write together (the tmpfs's size)
     output_bytes: int = 64 << 10  # stdout and stderr, each: more and the run is killed
+    # The run's cgroup, where the host delegates one (`node.sandbox.cgroup`): its processes and threads
+    # (bubblewrap's two included), and its memory (resident, its tmpfs's and the kernel's for it included;
+    # 0: memory_bytes + tmpfs_bytes + 64 MiB). Both sit above what the rlimits already allow an honest
+    # program (RLIMIT_AS fits under 64 threads of the default 8 MiB stack), so that the verdicts are the
+    # same on hosts without one: they stop only what gets past the rlimits.
+    processes: int = 128
+    run_memory_bytes: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("cpu_s", "wall_s", "memory_bytes", "open_files", "file_bytes", "tmpfs_bytes", "output_bytes"):
+        for name in ("cpu_s", "wall_s", "memory_bytes", "open_files", "file_bytes", "tmpfs_bytes", "output_bytes",
+                     "processes"):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise ValueError(f"sandbox limit {name} must be positive, got {getattr(self, name)!r}")
+        if self.run_memory_bytes < 0:
+            raise ValueError(f"sandbox limit run_memory_bytes must not be negative, got {self.run_memory_bytes!r}")
+
+    @property
+    def cgroup_memory_bytes(self) -> int:
+        return self.run_memory_bytes or self.memory_bytes + self.tmpfs_bytes + (64 << 20)
 
 
 # --------------------------------------------------------------------------------- seccomp (classic BPF)
@@ -51,6 +78,14 @@ _KILL = 0x80000000  # SECCOMP_RET_KILL_PROCESS
 _ERRNO = 0x00050000
 _EPERM, _ENOSYS = 1, 38
 _CLONE_THREAD = 0x00010000
+# every namespace flag clone(2) takes (CLONE_NEWTIME exists for unshare and clone3 only: in clone's
+# flags its bit is the exit signal's); refused even on a thread: a thread in its own namespace is as
+# good as a process there
+_CLONE_NEWNS, _CLONE_NEWCGROUP, _CLONE_NEWUTS, _CLONE_NEWIPC = 0x00020000, 0x02000000, 0x04000000, 0x08000000
+_CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+_CLONE_NAMESPACES = (
+    _CLONE_NEWNS | _CLONE_NEWCGROUP | _CLONE_NEWUTS | _CLONE_NEWIPC | _CLONE_NEWUSER | _CLONE_NEWPID | _CLONE_NEWNET
+)
 
 # audit arch, and the syscall numbers of clone, fork, vfork, clone3 (None: the arch has no such call)
 _ARCHES = {
@@ -59,7 +94,9 @@ _ARCHES = {
 }
 # Calls refused with EPERM: reaching other processes (ptrace: the sandbox's own init has no rlimits and
 # could be made to outlive the run; process_vm_*, pidfd_*), the kernel's bigger attack surface (bpf,
-# perf_event_open, userfaultfd, io_uring, keyrings), and changing mounts or namespaces.
+# perf_event_open, userfaultfd, io_uring, keyrings), changing mounts or namespaces, and SysV IPC (its
+# shared memory outlives a detach, outside the address space that RLIMIT_AS bounds; no program a task
+# needs uses it: Python's multiprocessing locks are POSIX semaphores).
 _DENIED = {
     "x86_64": {
         "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "pidfd_open": 434, "pidfd_getfd": 438,
@@ -69,6 +106,8 @@ _DENIED = {
         "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
         "open_by_handle_at": 304, "name_to_handle_at": 303, "init_module": 175, "finit_module": 313,
         "delete_module": 176, "kexec_load": 246, "reboot": 169, "acct": 163, "personality": 135,
+        "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67, "semget": 64, "semop": 65, "semctl": 66,
+        "semtimedop": 220, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71,
     },
     "aarch64": {
         "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_open": 434, "pidfd_getfd": 438,
@@ -78,14 +117,16 @@ _DENIED = {
         "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
         "open_by_handle_at": 265, "name_to_handle_at": 264, "init_module": 105, "finit_module": 273,
         "delete_module": 106, "kexec_load": 104, "reboot": 142, "acct": 89, "personality": 92,
+        "shmget": 194, "shmat": 196, "shmctl": 195, "shmdt": 197, "semget": 190, "semop": 193, "semctl": 191,
+        "semtimedop": 192, "msgget": 186, "msgsnd": 189, "msgrcv": 188, "msgctl": 187,
     },
 }  # fmt: skip
 
 
 def seccomp_program(machine: str | None = None) -> bytes:
     """The filter (an array of `struct sock_filter`) for this machine's architecture: another
-    architecture's calls (or x32's) kill the process; new processes and the `_DENIED` calls fail;
-    everything else is allowed."""
+    architecture's calls (or x32's) kill the process; new processes, namespace flags on any clone and
+    the `_DENIED` calls fail; everything else is allowed."""
     machine = machine or platform.machine()
     if machine not in _ARCHES:
         raise ValueError(f"no seccomp filter for architecture {machine!r} (known: {', '.join(sorted(_ARCHES))})")
@@ -105,9 +146,12 @@ def seccomp_program(machine: str | None = None) -> bytes:
             ops.append((_RET_K, 0, 0, _ERRNO | _EPERM))
     ops.append((_JEQ_K, 0, 1, clone3))
     ops.append((_RET_K, 0, 0, _ERRNO | _ENOSYS))
-    ops.append((_JEQ_K, 0, 3, clone))
-    ops.append((_LD_W_ABS, 0, 0, 16))  # args[0] (clone flags), low 32 bits (little-endian)
-    ops.append((_JSET_K, 1, 0, _CLONE_THREAD))
+    # clone: args[0] is its flags on both architectures; the kernel reads only their low 32 bits
+    ops.append((_JEQ_K, 0, 5, clone))
+    ops.append((_LD_W_ABS, 0, 0, 16))  # args[0], low 32 bits (little-endian)
+    ops.append((_JSET_K, 2, 0, _CLONE_NAMESPACES))  # any namespace flag: refused
+    ops.append((_JSET_K, 0, 1, _CLONE_THREAD))  # else a thread: allowed; a process: refused
+    ops.append((_RET_K, 0, 0, _ALLOW))
     ops.append((_RET_K, 0, 0, _ERRNO | _EPERM))
     ops.append((_RET_K, 0, 0, _ALLOW))
     return b"".join(struct.pack("=HBBI", *op) for op in ops)
@@ -164,6 +208,9 @@ def bwrap_argv(
         "--remount-ro", "/dev", "--remount-ro", "/",  # nothing writable but /tmp (and the device nodes)
         "--chdir", "/tmp",
         "--unshare-all", "--unshare-user", "--disable-userns",
+        # run by root, bubblewrap would keep its capabilities (in the sandbox's user namespace): none, in
+        # every set (effective, permitted, inheritable, ambient, bounding), whoever runs the node
+        "--cap-drop", "ALL",
         "--die-with-parent", "--new-session",
         "--clearenv", "--setenv", "PYTHONHASHSEED", "0", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
         "--seccomp", str(seccomp_fd),
@@ -172,3 +219,32 @@ def bwrap_argv(
         python, "-s", "-P", "-S", "-B", "-c", bootstrap(limits),
     ]  # fmt: skip
     return argv
+
+
+# --------------------------------------------------------------------------------- the run's cgroup
+
+
+def cgroup_settings(limits: Limits, version: int) -> list[tuple[str, str, bool]]:
+    """What a run's cgroup gets written, in order: (file, value, required). cgroup v2, or v1's pids and
+    memory hierarchies (each file goes to its controller's). No swap: what is over the limit is not
+    pushed out to disk instead; v2's oom.group kills the whole run at once."""
+    pids, memory = str(limits.processes), str(limits.cgroup_memory_bytes)
+    if version == 2:
+        return [("pids.max", pids, True), ("memory.max", memory, True), ("memory.swap.max", "0", False),
+                ("memory.oom.group", "1", False)]  # fmt: skip
+    if version == 1:  # memsw (memory + swap) only where swap is accounted; never below the memory limit
+        return [("pids.max", pids, True), ("memory.limit_in_bytes", memory, True),
+                ("memory.memsw.limit_in_bytes", memory, False)]  # fmt: skip
+    raise ValueError(f"no cgroup version {version!r}")
+
+
+def cgroup_wrapper(sh: str, token: str, procs: list[str], argv: list[str]) -> list[str]:
+    """`argv` started by a shell that first moves itself into the run's cgroup(s) (writing its pid into
+    each `cgroup.procs`) and then becomes `argv`, so that bubblewrap and everything it starts are in the
+    cgroup from their first instruction. Where a move fails it prints `token` (which the sandboxed code
+    never sees) on stderr and exits 125: the runner tells that apart from the program's own failures."""
+    script = (
+        't=$1; shift; while [ "$1" != -- ]; do echo $$ > "$1" || { echo "$t" >&2; exit 125; }; shift; done; '
+        'shift; exec "$@"'
+    )
+    return [sh, "-c", script, "sh", token, *procs, "--", *argv]

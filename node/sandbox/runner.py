@@ -4,6 +4,8 @@ can be set up here, and run programs several at a time with their wall-clock dea
 Synchronous and single-threaded (the processes run in parallel; one selector loop watches their pipes
 and deadlines): callers in a daemon run it with `trio.to_thread`, off the event loop. Where the sandbox
 cannot be set up the node refuses code tasks (`SandboxUnavailable`); nothing runs model code without it.
+Where the host delegates a cgroup (`node.sandbox.cgroup`) each run gets its own, and everything in it is
+killed at the run's end; where it does not, runs go ahead bounded by their rlimits.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import selectors
 import shutil
 import signal
@@ -22,11 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
-from .policy import Limits, bwrap_argv, seccomp_program
+from .cgroup import Cgroups
+from .cgroup import setup as setup_cgroups
+from .policy import Limits, bwrap_argv, cgroup_wrapper, seccomp_program
 
 __all__ = ["RunResult", "Sandbox", "SandboxUnavailable", "find_bwrap"]
 
 _CHUNK = 65536
+_SH = "/bin/sh"
 
 
 class SandboxUnavailable(ConfigError):
@@ -81,12 +87,15 @@ class _Run:
     over: bool = False
     late: bool = False
     open: int = 2
+    cgroup: list[str] | None = None  # the run's cgroup folders (`Cgroups.create`)
+    token: str = ""  # what the cgroup wrapper prints where it cannot move in
 
 
 class Sandbox:
     """Runs Python programs under `limits`, at most `parallel` at a time. `python` is the interpreter
     (default: the one running the node, so that every node that runs the same release gets the same
-    results)."""
+    results). Where the host delegates one, runs get cgroups (`cgroups`; where not, `cgroups_missing`
+    says why)."""
 
     def __init__(self, limits: Limits | None = None, *, parallel: int = 2, python: str | None = None) -> None:
         if parallel < 1:
@@ -99,6 +108,10 @@ class Sandbox:
         self.version = found.group(1) if found else f"{sys.version_info.major}.{sys.version_info.minor}"
         self.bwrap = find_bwrap()
         self.seccomp = seccomp_program()
+        self.cgroups: Cgroups | None
+        self.cgroups, self.cgroups_missing = setup_cgroups()
+        if self.cgroups is not None and not os.access(_SH, os.X_OK):
+            self.cgroups, self.cgroups_missing = None, f"no {_SH} to move runs into their cgroup"
 
     def probe(self) -> None:
         """Set up one sandbox and check it holds (runs, no network, no process creation); raises
@@ -177,15 +190,30 @@ class Sandbox:
             os.write(fd, self.seccomp)
             os.lseek(fd, 0, os.SEEK_SET)
             argv = bwrap_argv(self.bwrap, self.python, self.prefix, self.limits, fd, self.version)
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=(fd,),
-                start_new_session=True,  # its own process group: killed whole
-                env={},
-            )
+            cgroup, token = None, ""
+            if self.cgroups is not None:
+                try:
+                    cgroup = self.cgroups.create(self.limits)
+                except OSError as exc:
+                    raise SandboxUnavailable(
+                        f"cannot make a cgroup for a sandboxed run ({exc})", "see `intellect-node doctor`"
+                    ) from exc
+                token = f"intellect-sandbox-cgroup-{secrets.token_hex(8)}"
+                argv = cgroup_wrapper(_SH, token, self.cgroups.procs(cgroup), argv)
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    pass_fds=(fd,),
+                    start_new_session=True,  # its own process group: killed whole
+                    env={},
+                )
+            except BaseException:
+                if self.cgroups is not None and cgroup is not None:
+                    self.cgroups.remove(cgroup)
+                raise
         finally:
             os.close(fd)
         assert proc.stdin is not None
@@ -195,20 +223,24 @@ class Sandbox:
         except BrokenPipeError:  # it died before reading its program: reported by its exit status
             pass
         now = time.monotonic()
-        return _Run(index, proc, now + self.limits.wall_s, now)
+        return _Run(index, proc, now + self.limits.wall_s, now, cgroup=cgroup, token=token)
 
-    @staticmethod
-    def _kill(run: _Run) -> None:
+    def _kill(self, run: _Run) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(run.proc.pid, signal.SIGKILL)
+        if self.cgroups is not None and run.cgroup is not None:
+            self.cgroups.kill(run.cgroup)  # also what left the group (bubblewrap's init and the program)
 
-    @staticmethod
-    def _close(run: _Run) -> None:
+    def _close(self, run: _Run) -> None:
         for pipe in (run.proc.stdout, run.proc.stderr):
             if pipe is not None:
                 pipe.close()
         with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILL was sent: the kernel reaps it
             run.proc.wait(timeout=5)
+        if self.cgroups is not None and run.cgroup is not None:
+            self.cgroups.kill(run.cgroup)
+            self.cgroups.remove(run.cgroup)
+            run.cgroup = None
 
     def _finish(self, run: _Run) -> RunResult:
         if run.proc.returncode is None:  # not reaped yet: its group id cannot have been reused
@@ -217,6 +249,11 @@ class Sandbox:
         code = run.proc.returncode
         wall = time.monotonic() - run.started
         out, err = bytes(run.out["stdout"]), bytes(run.out["stderr"])
+        if run.token and code == 125 and run.token.encode() in err:  # the program never started
+            raise SandboxUnavailable(
+                "a sandboxed run could not join its cgroup: " + err.decode(errors="replace").splitlines()[0][:200],
+                "see `intellect-node doctor`; INTELLECT_SANDBOX_CGROUP=off runs without cgroups",
+            )
         if run.over:
             status = "output_limit"
         elif run.late:

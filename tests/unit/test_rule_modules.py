@@ -53,6 +53,7 @@ IO_PROJECT = {
     "node.chain.tx",
     "node.chain.anvil",
     "node.sandbox.runner",
+    "node.sandbox.cgroup",
 }
 # Calls that touch files.
 IO_CALLS = {"open", "read_text", "write_text", "read_bytes", "write_bytes", "mkdir", "unlink", "iterdir", "rename"}

@@ -4,10 +4,11 @@ bubblewrap command line. The real sandbox is tried in tests/adversarial/test_san
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import pytest
 
-from node.sandbox.policy import Limits, bootstrap, bwrap_argv, seccomp_program
+from node.sandbox.policy import Limits, bootstrap, bwrap_argv, cgroup_settings, cgroup_wrapper, seccomp_program
 
 
 def _run_filter(prog: bytes, arch: int, nr: int, arg0: int = 0) -> int:
@@ -52,6 +53,31 @@ def test_the_filter_refuses_new_processes_and_allows_threads() -> None:
         seccomp_program("riscv64")
 
 
+NEW_NAMESPACES = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
+
+
+def test_no_clone_with_a_namespace_flag_passes_not_even_a_threads() -> None:
+    """Issue 37: CLONE_THREAD | CLONE_NEWNET passed (a thread in a new network namespace)."""
+    thread = 0x3D0F00  # glibc's pthread_create flags
+    for machine, arch, clone in (("x86_64", X86, 56), ("aarch64", 0xC00000B7, 220)):
+        prog = seccomp_program(machine)
+        for flag in NEW_NAMESPACES:
+            for others in (thread, thread | 0x11, 0x10000, 0x11, 0):
+                assert _run_filter(prog, arch, clone, arg0=flag | others) == EPERM, (machine, hex(flag), hex(others))
+        assert _run_filter(prog, arch, clone, arg0=thread) == ALLOW
+        assert _run_filter(prog, arch, clone, arg0=(1 << 40) | thread) == ALLOW  # high bits: the kernel drops them
+
+
+def test_sysv_ipc_is_refused() -> None:
+    """Issue 37: detached SysV shared memory held 1.5 GB against a 512 MiB RLIMIT_AS."""
+    calls = {"x86_64": (X86, (29, 30, 31, 67, 64, 65, 66, 220, 68, 69, 70, 71)),
+             "aarch64": (0xC00000B7, tuple(range(186, 198)))}  # fmt: skip
+    for machine, (arch, numbers) in calls.items():
+        prog = seccomp_program(machine)
+        assert all(_run_filter(prog, arch, nr) == EPERM for nr in numbers), machine
+        assert _run_filter(prog, arch, 9 if machine == "x86_64" else 222) == ALLOW  # mmap
+
+
 def test_the_bootstrap_lowers_every_limit_before_it_reads_the_program() -> None:
     limits = Limits(cpu_s=3, memory_bytes=1 << 28, open_files=16, file_bytes=1024)
     code = bootstrap(limits)
@@ -66,7 +92,8 @@ def test_the_command_line_isolates_everything_and_binds_only_the_interpreter() -
     argv = bwrap_argv("/bwrap", "/opt/py/bin/python3.11", "/opt/py", Limits(tmpfs_bytes=1 << 20), 7)
     joined = " ".join(argv[:-1])
     for flag in ("--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-                 "--clearenv", "--seccomp 7", "--size 1048576 --tmpfs /tmp", "--remount-ro /"):  # fmt: skip
+                 "--clearenv", "--seccomp 7", "--size 1048576 --tmpfs /tmp", "--remount-ro /",
+                 "--cap-drop ALL"):  # fmt: skip
         assert flag in joined, flag
     binds = [argv[i + 1] for i, a in enumerate(argv) if a in ("--bind", "--ro-bind")]
     assert binds == ["/usr", "/opt/py"] and "--bind" not in argv  # nothing writable is bound
@@ -76,3 +103,37 @@ def test_the_command_line_isolates_everything_and_binds_only_the_interpreter() -
     at = argv.index("/opt/py/bin/python3.11")
     assert argv[at + 1 : at + 5] == ["-s", "-P", "-S", "-B"]  # not -I: its -E would drop PYTHONHASHSEED
     assert "PYTHONHASHSEED" in argv and "/opt/py/lib/python3.11/site-packages" in argv  # hidden by a tmpfs
+
+
+def test_the_cgroup_settings_follow_the_limits_and_sit_above_the_rlimits() -> None:
+    limits = Limits(memory_bytes=256 << 20, tmpfs_bytes=4 << 20, processes=40)
+    assert limits.cgroup_memory_bytes == (256 + 4 + 64) << 20
+    assert Limits(run_memory_bytes=1 << 27).cgroup_memory_bytes == 1 << 27
+    v2 = cgroup_settings(limits, 2)
+    assert v2[:2] == [("pids.max", "40", True), ("memory.max", str(324 << 20), True)]
+    assert ("memory.swap.max", "0", False) in v2
+    v1 = dict((name, value) for name, value, _ in cgroup_settings(limits, 1))
+    assert v1 == {"pids.max": "40", "memory.limit_in_bytes": str(324 << 20),
+                  "memory.memsw.limit_in_bytes": str(324 << 20)}  # fmt: skip
+    # an honest program's threads (8 MiB stacks) run out of address space before they reach the pids limit
+    default = Limits()
+    assert default.processes > default.memory_bytes // (8 << 20) + 2
+    with pytest.raises(ValueError, match="processes"):
+        Limits(processes=0)
+    with pytest.raises(ValueError, match="run_memory_bytes"):
+        Limits(run_memory_bytes=-1)
+    with pytest.raises(ValueError, match="cgroup version"):
+        cgroup_settings(limits, 3)
+
+
+def test_the_cgroup_wrapper_moves_itself_in_before_it_becomes_the_command(tmp_path: Path) -> None:
+    import subprocess
+
+    procs = [str(tmp_path / "a"), str(tmp_path / "b")]
+    argv = cgroup_wrapper("/bin/sh", "TOKEN", procs, ["/bin/sh", "-c", "echo $$"])
+    done = subprocess.run(argv, capture_output=True, env={}, check=True)
+    pid = done.stdout.strip()  # the same process as the one that wrote itself into both files
+    assert [(tmp_path / n).read_bytes().strip() for n in "ab"] == [pid, pid] and pid.isdigit()
+    failed = subprocess.run(cgroup_wrapper("/bin/sh", "TOKEN", [str(tmp_path / "no" / "procs")], ["/bin/true"]),
+                            capture_output=True, env={})  # fmt: skip
+    assert failed.returncode == 125 and b"TOKEN" in failed.stderr and not failed.stdout
