@@ -17,6 +17,7 @@ runs here with transformers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -382,6 +383,8 @@ def evaluate(
             "tokens": int(sum(w.get("tokens", 0) for w in ws)),
             # tokens whose replay gap the chosen margin fails (for honest cases: the false positives)
             "replay_failed_tokens": sum(g > tol.margin for w in ws for g in w.get("replay_gaps", [])),
+            # tokens that are not the seeded argmax, within the margin (the steering test counts them)
+            "replay_disagreements": sum(0 < g <= tol.margin for w in ws for g in w.get("replay_gaps", [])),
             # tokens where another token scored within the margin of the draw: where a cheater could steer
             "steerable_tokens": sum(0 <= g <= tol.margin for w in ws for g in w.get("runner_up", [])),
             "rejected": rejected,
@@ -394,6 +397,18 @@ def evaluate(
         if job in TAMPERED and rejected != len(ws):
             failures.append(f"{case}: {len(ws) - rejected} of {len(ws)} tampered rollouts accepted")
     return cases, failures
+
+
+def disagree_rate(per_case: dict[str, list[dict[str, Any]]]) -> float:
+    """The steering test's honest rate (`SamplingTolerances.replay_disagree_rate`): the largest share, over
+    the honest cases, of tokens that are not the validator's seeded argmax, x1.5 plus 1e-4 (a floor for
+    a run that found none: one precision end to end, where only near-exact ties can go either way)."""
+    rates = []
+    for case, ws in per_case.items():
+        if case.split("@")[0] in HONEST:
+            tokens = sum(len(w.get("replay_gaps", [])) for w in ws)
+            rates.append(sum(g > 0 for w in ws for g in w.get("replay_gaps", [])) / max(tokens, 1))
+    return round(max(rates, default=0.0) * 1.5 + 1e-4, 6)
 
 
 def for_precision(per_case: dict[str, list[dict[str, Any]]], precision: str) -> dict[str, list[dict[str, Any]]]:
@@ -414,6 +429,7 @@ def calibrate(cfg: CalibrationConfig, progress: Callable[[str], None] = print, c
     honest = [w for c, ws in per_case.items() if c.split("@")[0] in HONEST for w in ws]
     tampered = [w for c, ws in per_case.items() if c.split("@")[0] in TAMPERED for w in ws]
     thr, tol = choose_thresholds(honest, tampered)
+    tol = dataclasses.replace(tol, replay_disagree_rate=disagree_rate(per_case))
     cases, failures = evaluate(per_case, thr, tol)
     report = {
         "config": cfg.__dict__,

@@ -65,6 +65,18 @@ class Calibrated:
         )
 
     @classmethod
+    def for_spec(cls, spec: Any) -> Calibrated:
+        """The shipped calibration for a pool's task spec (`node.taskspec.TaskSpec`): where the spec mandates
+        one precision (`"precision": "fp32"` or `"bf16"`, for generation and prefill alike) and one is
+        shipped for it (`<model>-<precision>.json`), that one, whose replay margin and steering rate are
+        measured with nothing but that precision (near zero: far less freedom for a worker to steer);
+        else the model's calibration for any precision."""
+        precision = (getattr(spec, "extra", None) or {}).get("precision")
+        if precision in ("fp32", "bf16") and (THRESHOLDS_DIR / f"{spec.model}-{precision}.json").is_file():
+            return cls.load(f"{spec.model}-{precision}")
+        return cls.load(spec.model)
+
+    @classmethod
     def load(cls, name_or_path: str | Path) -> Calibrated:
         """A shipped calibration by model name (`tiny`, `smollm2`) or a thresholds file."""
         p = Path(name_or_path)

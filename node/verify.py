@@ -25,6 +25,7 @@ from .rollout.checks import (
     check_sampling,
     check_termination,
     sampling_distribution,
+    steering_test,
     stop_stats,
     temperature_test,
     termination_test,
@@ -131,6 +132,7 @@ class SampleCheck:
     stats: SamplingStats | None = None  # sampling sums for the temperature test (passing completions)
     logq: float | None = None  # our log-probability of the completion (for the repeat bound)
     stops: StopStats | None = None  # stop-token figures for the termination test (statistical pools)
+    disagreements: int | None = None  # exact sampling: tokens that are not our seeded argmax (within the margin)
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,7 @@ class FileChecks:
             found.append((verdict, chunks, stats, logq))
             ok = verdict.ok and statistical and raw.shape[0] == len(smp.completion_tokens)
             stops.append(stop_stats(raw, smp.completion_tokens, self.params, self.stop_ids) if ok else None)
+        departed: dict[int, int] = {}
         if self.params.exact and self.params.temperature > 0:
             todo = [k for k, (verdict, *_) in enumerate(found) if verdict.ok]
             replays = replay_many(
@@ -198,6 +201,7 @@ class FileChecks:
             for k, r in zip(todo, replays, strict=True):
                 verdict, chunks, stats, logq = found[k]
                 replayed = replay_verdict(r, items[k][0].completion_tokens, tol.margin)
+                departed[k] = int((r.gap > 0).sum())
                 verdict = (
                     replayed if not replayed.ok else Verdict(Reason.OK, figures=verdict.figures | replayed.figures)
                 )
@@ -208,8 +212,10 @@ class FileChecks:
             verdict, chunks, stats, logq = found[k]
             found[k] = (verdict if reward.ok else reward, chunks, stats, logq)  # a pass keeps its figures
         return [
-            SampleCheck(SampleVerdict(smp.group, smp.sample, verdict, chunks), stats, logq, stop)
-            for (smp, _, _), (verdict, chunks, stats, logq), stop in zip(items, found, stops, strict=True)
+            SampleCheck(SampleVerdict(smp.group, smp.sample, verdict, chunks), stats, logq, stop, departed.get(k))
+            for k, ((smp, _, _), (verdict, chunks, stats, logq), stop) in enumerate(
+                zip(items, found, stops, strict=True)
+            )
         ]
 
     def reward_verdicts(self, task_seed: int, samples: Sequence[RolloutSample]) -> list[Verdict]:
@@ -250,6 +256,16 @@ class FileChecks:
             first_bad = Verdict(
                 first_bad.reason, first_bad.detail + note, first_bad.figures | {"near_threshold": float(near)}
             )
+        if first_bad is None and self.params.temperature > 0 and self.params.exact:
+            replayed = [(c.disagreements, len(x.completion_tokens)) for x, c in zip(samples, checks, strict=False)
+                        if c.disagreements is not None]  # fmt: skip
+            t = steering_test(
+                sum(d for d, _ in replayed),
+                sum(n for _, n in replayed),
+                self.calibrated.sampling.disagree_rate(self.params.temperature),
+            )
+            if not t.ok:
+                first_bad = t
         if first_bad is None and self.params.temperature > 0 and not self.params.exact:
             t = temperature_test([c.stats for c in checks if c.stats is not None], self.calibrated.sampling)
             if t.ok:  # stop tokens drawn as often as the model's own stop probabilities say (issue 37 (7))

@@ -87,11 +87,23 @@ class SamplingTolerances:
     # exact sampling: how far (raw logprob units) the sampled token may score below the seeded argmax;
     # 0 means "not calibrated": twice `logprob_max_abs` (both tokens' logprobs may be off by that much)
     replay_margin: float = 0.0
+    # exact sampling: the share of honest tokens that are not the validator's seeded argmax (numerical
+    # near-ties), with headroom; 0 means "not calibrated": the share a margin-wide tie could reach
+    replay_disagree_rate: float = 0.0
 
     @property
     def margin(self) -> float:
         """The replay margin in force."""
         return self.replay_margin if self.replay_margin > 0 else 2.0 * self.logprob_max_abs
+
+    def disagree_rate(self, temperature: float) -> float:
+        """The honest rate of tokens that are not the seeded argmax the steering test allows: the
+        calibrated one, else the chance that the best two Gumbel-perturbed scores fall within the margin
+        (their spacing is about exponential with rate 1 in tempered units): a bound no honest run exceeds,
+        and no test at all against a worker steering within the margin."""
+        if self.replay_disagree_rate > 0:
+            return min(self.replay_disagree_rate, 1.0)
+        return min(1.0, self.margin / max(temperature, 1e-6))
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -268,6 +280,41 @@ def temperature_test(stats: list[SamplingStats], tol: SamplingTolerances) -> Ver
         side = "hotter" if z > 0 else "colder"
         return Verdict(Reason.TEMPERATURE_MISMATCH, f"tokens look sampled {side} than claimed (z = {z:.1f})", figures)
     return Verdict(Reason.OK, figures=figures)
+
+
+STEERING_ALPHA = 1e-9  # chance that an honest file fails the steering test
+
+
+def binomial_tail_log_bound(n: int, total: int, rate: float) -> float:
+    """log of the Chernoff bound on P(Binomial(total, rate) >= n): -total * KL(n/total || rate) when
+    n/total > rate, else 0 (no bound)."""
+    if total <= 0 or n <= rate * total:
+        return 0.0
+    if rate <= 0.0:
+        return -math.inf
+    x = n / total
+    if x >= 1.0:
+        return total * math.log(rate)
+    return -total * (x * math.log(x / rate) + (1 - x) * math.log((1 - x) / (1 - rate)))
+
+
+def steering_test(disagreements: int, tokens: int, rate: float, alpha: float = STEERING_ALPHA) -> Verdict:
+    """Exact sampling: whether a file's tokens depart from the validator's seeded argmax more often than
+    honest numerical near-ties do. Each such token is within the replay margin (the replay passed), so
+    each was a free choice for a worker that can see the runner-up: one that takes it wherever it helps
+    leaves many more of them than `rate` (the calibrated honest share). Fails when the binomial tail is
+    below `alpha`; the remaining capacity is the few departures the bound still allows per file."""
+    log_bound = binomial_tail_log_bound(disagreements, tokens, rate)
+    figures = {"replay_disagreements": float(disagreements), "replay_disagree_rate": rate, "log_bound": log_bound}
+    if log_bound >= math.log(alpha):
+        return Verdict(Reason.OK, figures=figures)
+    return Verdict(
+        Reason.REPLAY_MISMATCH,
+        f"{disagreements} of {tokens} tokens are not the seeded draw (each within the margin), where honest "
+        f"numerical near-ties make about {rate * tokens:.1f}: steered within the replay margin "
+        f"(chance for honest sampling below e^{log_bound:.0f})",
+        figures,
+    )
 
 
 TERMINATION_ALPHA = 1e-9  # chance that an honest file fails the termination test (each tail)

@@ -204,7 +204,7 @@ class Validator(CheckingMixin, DisputesMixin):
         self.spec = spec
         self.env = spec.environment()  # the version and content the spec pins, or refused
         await trio.to_thread.run_sync(self.env.prepare)  # e.g. the code sandbox: refused here if it cannot be
-        self.calibrated = self.cfg.thresholds or Calibrated.load(spec.model)
+        self.calibrated = self.cfg.thresholds or Calibrated.for_spec(spec)
         self.prefill_dtype = self.calibrated.prefill_dtype(self.cfg.prefill_dtype)
         return model
 

@@ -147,7 +147,7 @@ class AccusationsMixin:
             assert self.chain is not None
             spec = await pool_spec(await ops.pool_info(self.chain, self.cfg.pool_id))
             tools = self.tools or await trio.to_thread.run_sync(model_tools, spec.model)
-            self._checker = PoolFileCheck(spec, tools, Calibrated.load(spec.model), self.cfg.pool_id, MAX_FILE_BYTES)
+            self._checker = PoolFileCheck(spec, tools, Calibrated.for_spec(spec), self.cfg.pool_id, MAX_FILE_BYTES)
         checker = self._checker
         f = checker.intake(data, self.node.address)
         if not isinstance(f, RolloutFile):

@@ -309,7 +309,7 @@ class Coordinator(IntakeMixin, LedgerMixin, NetworkMixin, TrainingMixin):
 
         assert self.spec is not None and self.tools is not None
         try:
-            calibrated = self.cfg.thresholds or Calibrated.load(self.spec.model)
+            calibrated = self.cfg.thresholds or Calibrated.for_spec(self.spec)
         except ConfigError as exc:
             raise ConfigError(
                 f"cannot train pool {self.cfg.pool_id}: {exc.message}",
