@@ -11,7 +11,6 @@ chunk; a read larger than the chunk is passed through with its own size."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import trio
@@ -19,8 +18,6 @@ from libp2p.io import trio as _io_trio_module
 from libp2p.io.exceptions import ConnectionClosedError
 
 from .patches import _PATCH_LIBP2P
-
-logger = logging.getLogger(__name__)
 
 TCP_READ_AHEAD = 16 << 10
 
