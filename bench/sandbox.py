@@ -1,7 +1,8 @@
 """The code sandbox's cost on this machine, measured in one run.
 
-Runs the same HumanEval programs (canonical solutions with their tests, as the code environment builds
-them) three ways: in the sandbox (`node.sandbox.Sandbox`: bubblewrap, seccomp, rlimits) `--parallel` at a
+Runs the same HumanEval programs (candidate runs of the canonical solutions answering their tests' calls,
+as the code environment builds them; the reference runs that record those calls go first, untimed) three
+ways: in the sandbox (`node.sandbox.Sandbox`: bubblewrap, seccomp, rlimits) `--parallel` at a
 time, in the sandbox one at a time, and as bare `python -c` subprocesses one at a time (no isolation: for
 the overhead figure only). Prints sandboxed runs per second (parallel and serial), the bare subprocess's,
 and the sandbox's overhead per run in ms; ends with one JSON line.
@@ -19,19 +20,21 @@ import sys
 import time
 
 from node.sandbox import Limits, Sandbox
-from node.tasks.code import _load, program, solution_source, split_cases
+from node.tasks.code import CodeEnv, _load, solution_source
+from node.tasks.code_cases import candidate_program
 
 
 def main(args: argparse.Namespace) -> dict[str, float]:
     rows = _load()[0]
+    limits = Limits()
+    parallel = Sandbox(limits, parallel=args.parallel)
+    parallel.probe()
+    refs = CodeEnv(parallel).references(sorted({i % len(rows) for i in range(args.runs)}))
     programs = []
     for i in range(args.runs):
         row = rows[i % len(rows)]
         solution = solution_source(row["prompt"], row["canonical_solution"], row["entry_point"])
-        programs.append(program(solution, split_cases(row["test"]), row["entry_point"], "bench"))
-    limits = Limits()
-    parallel = Sandbox(limits, parallel=args.parallel)
-    parallel.probe()
+        programs.append(candidate_program(solution, row["entry_point"], refs[i % len(rows)], "bench"))
     serial = Sandbox(limits, parallel=1)
 
     t0 = time.perf_counter()

