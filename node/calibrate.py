@@ -343,15 +343,18 @@ def evaluate(
 
 
 def disagree_rate(per_case: dict[str, list[dict[str, Any]]]) -> float:
-    """The steering test's honest rate (`SamplingTolerances.replay_disagree_rate`): the largest share, over
-    the honest cases, of tokens that are not the validator's seeded argmax, x1.5 plus 1e-4 (a floor for
-    a run that found none: one precision end to end, where only near-exact ties can go either way)."""
+    """The steering test's honest rate (`SamplingTolerances.replay_disagree_rate`): over the honest cases,
+    the largest upper confidence bound on the share of tokens that are not the validator's seeded argmax
+    ((k + 3 + 3 sqrt(k)) / n for k of n tokens: about three standard deviations, and the rule of three
+    where none was seen), x1.5. A calibration sees a few thousand tokens of one machine: its point
+    estimate is no bound on another machine's near-ties."""
     rates = []
     for case, ws in per_case.items():
         if case.split("@")[0] in HONEST:
-            tokens = sum(len(w.get("replay_gaps", [])) for w in ws)
-            rates.append(sum(g > 0 for w in ws for g in w.get("replay_gaps", [])) / max(tokens, 1))
-    return round(max(rates, default=0.0) * 1.5 + 1e-4, 6)
+            gaps = [g for w in ws for g in w.get("replay_gaps", [])]
+            k = sum(g > 0 for g in gaps)
+            rates.append((k + 3 + 3 * k**0.5) / max(len(gaps), 1))
+    return round(min(1.0, max(rates, default=0.0) * 1.5), 6)
 
 
 def for_precision(per_case: dict[str, list[dict[str, Any]]], precision: str) -> dict[str, list[dict[str, Any]]]:

@@ -327,7 +327,12 @@ class PolicyPrefills:
                     log.warning("cannot fetch policy version %d (weights %s) yet: %s", version, str(h)[:12], exc)
                     return None
             folder = await trio.to_thread.run_sync(
-                checkpoint_folder, self.tools.path, path, self.data_dir / "models" / f"v{version}-{str(h)[:16]}"
+                # named by the whole manifest hash: a folder is reused for exactly the weights it was built
+                # from (a prefix would let a coordinator grind two manifests into one folder)
+                checkpoint_folder,
+                self.tools.path,
+                path,
+                self.data_dir / "models" / f"v{version}-{h}",
             )
         model = await trio.to_thread.run_sync(HfPrefill, folder)
         others = [k for k in self.held if k != 0]

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 from . import protocol
 
 HISTORY = 8
+_HASH = re.compile(r"[0-9a-f]{64}")
 MAX_SOURCES = 16
 RELAY_MAX_AGE = 60.0  # seconds since a relay's last heartbeat for it to count as live
 RELAY_RECHECK = 60.0  # a listed relay is probed again this often
@@ -55,7 +56,13 @@ class PolicyAnnouncement:
             history = {int(k): str(v) for k, v in dict(obj.get("history", {})).items()}
             if len(history) > 4 * HISTORY:
                 raise ValueError
-            return cls(version, str(obj.get("model", "")), str(obj.get("manifest_hash", "")), sources, history)
+            manifest_hash = str(obj.get("manifest_hash", ""))
+            # hashes are sha256 hex; history names only versions up to the announced one
+            if any(not _HASH.fullmatch(h) for h in (*history.values(), *([manifest_hash] if manifest_hash else []))):
+                raise ValueError
+            if any(not 0 <= v <= version for v in history):
+                raise ValueError
+            return cls(version, str(obj.get("model", "")), manifest_hash, sources, history)
         except (KeyError, TypeError, ValueError):
             raise protocol.ProtocolError("malformed policy announcement") from None
 
@@ -116,7 +123,7 @@ def weights_of(header: Any) -> str | None:
     header's `extra.weights`: 64 lowercase hex); None for version 0 (the base model) or when the header
     names none or something else."""
     h = (header.extra or {}).get("weights")
-    if header.policy_version == 0 or not isinstance(h, str) or not re.fullmatch(r"[0-9a-f]{64}", h):
+    if header.policy_version == 0 or not isinstance(h, str) or not _HASH.fullmatch(h):
         return None
     return h
 

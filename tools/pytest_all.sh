@@ -17,6 +17,9 @@ LEFT=(
   tests/integration/test_rollout_verify.py
   tests/integration/test_engine.py
   tests/integration/test_eval.py
+  tests/adversarial/test_banned_stops.py
+  tests/adversarial/test_margin_steering.py
+  tests/adversarial/test_swapped_weights.py
 )
 RIGHT=(
   tests/integration/test_grpo_learns.py

@@ -98,11 +98,12 @@ class SamplingTolerances:
 
     def disagree_rate(self, temperature: float) -> float:
         """The honest rate of tokens that are not the seeded argmax the steering test allows: the
-        calibrated one, else the chance that the best two Gumbel-perturbed scores fall within the margin
+        calibrated one (measured at temperature 1, divided by a lower temperature: the tempered scores'
+        spacing shrinks with it; measured on tiny, the honest rate grows more slowly), else the chance that the best two Gumbel-perturbed scores fall within the margin
         (their spacing is about exponential with rate 1 in tempered units): a bound no honest run exceeds,
         and no test at all against a worker steering within the margin."""
-        if self.replay_disagree_rate > 0:
-            return min(self.replay_disagree_rate, 1.0)
+        if self.replay_disagree_rate > 0:  # calibrated at temperature 1: colder, near-ties are closer
+            return min(1.0, self.replay_disagree_rate / min(1.0, max(temperature, 1e-6)))
         return min(1.0, self.margin / max(temperature, 1e-6))
 
     def to_dict(self) -> dict[str, float]:
@@ -308,11 +309,16 @@ def steering_test(disagreements: int, tokens: int, rate: float, alpha: float = S
     figures = {"replay_disagreements": float(disagreements), "replay_disagree_rate": rate, "log_bound": log_bound}
     if log_bound >= math.log(alpha):
         return Verdict(Reason.OK, figures=figures)
+    # hard only when even twice the honest rate cannot explain it: a machine whose near-ties are more
+    # frequent than any the calibration saw loses the file's units, never its stake
+    near = binomial_tail_log_bound(disagreements, tokens, min(1.0, 2 * rate)) >= math.log(alpha)
+    figures["near_threshold"] = float(near)
     return Verdict(
         Reason.REPLAY_MISMATCH,
         f"{disagreements} of {tokens} tokens are not the seeded draw (each within the margin), where honest "
         f"numerical near-ties make about {rate * tokens:.1f}: steered within the replay margin "
-        f"(chance for honest sampling below e^{log_bound:.0f})",
+        f"(chance for honest sampling below e^{log_bound:.0f})"
+        + (" (within twice the honest rate: an outlier machine is possible)" if near else ""),
         figures,
     )
 

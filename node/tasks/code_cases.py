@@ -34,14 +34,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import PeerError
+
 MARK = "@@intellect-node-case"
 _DEPTH = 48  # the nesting a plain value may have
 _DIGITS = 4000  # the digits an int may have (under Python's own 4300, so every node parses alike)
 
 
-class NotPlain(ValueError):
+class NotPlain(PeerError, ValueError):
     """Not plain data: an object of another type (a subclass too), nested too deep, or text that does
-    not parse as one."""
+    not parse as one (a completion's answer: another party's bytes). Inside the sandbox, where the
+    project's errors are not importable, the same name is a plain ValueError (`_CODEC`)."""
 
 
 def encode(value: object, depth: int = 0) -> object:
@@ -122,8 +125,10 @@ def loads(text: str) -> object:
 
 
 # the same functions inside every sandboxed program (their source, as it is here)
-_CODEC = f"_DEPTH = {_DEPTH}\n_DIGITS = {_DIGITS}\n" + "".join(
-    inspect.getsource(f) for f in (NotPlain, encode, decode, dumps, _int, _shallow, loads)
+_CODEC = (
+    f"_DEPTH = {_DEPTH}\n_DIGITS = {_DIGITS}\n"
+    + "class NotPlain(ValueError):\n    pass\n\n\n"
+    + "".join(inspect.getsource(f) for f in (encode, decode, dumps, _int, _shallow, loads))
 )
 
 

@@ -178,8 +178,11 @@ class CheckingMixin:
         key = r["work_key"]
         version, weights = f.header.policy_version, weights_of(f.header)
         if version > 0 and (weights is None or not self.book.signed_for(version, weights)):
-            if not last_chance:
-                return None  # an announcement we may not have heard yet
+            # Revoked (softly) only at the deadline and only where we heard what the coordinator announced
+            # for that version: a validator that joined late or was down past the announcements' history
+            # may simply not know the hash, and honest work must not pay for our gap (no verdict then).
+            if not last_chance or not self.book.announced.get(version):
+                return None
             said = "names no weights" if weights is None else f"names weights {weights[:16]}"
             detail = f"the file of policy version {version} {said}; none such was announced for that version"
             return FileVerdict(Verdict(Reason.WEIGHTS_UNKNOWN, detail), []).to_dict()

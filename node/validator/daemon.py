@@ -405,7 +405,7 @@ class Validator(CheckingMixin, DisputesMixin):
             self.book.update(ann)
             for v, hashes in self.book.announced.items():
                 for h in hashes[len(before.get(v, ())) :]:
-                    self.state.add_policy_hash(v, h, encode(env) if v == ann.version else None)
+                    self.state.add_policy_hash(v, h, encode(env))
                     if len(hashes) > 1:
                         log.error(
                             "the coordinator announced policy version %d with another hash (%s, first %s): "

@@ -245,8 +245,7 @@ class GenerationMixin:
             self.downloaded[version] = path
             self.weights_hash[version] = h
             for old in [v for v in self.downloaded if v < version - 4]:
-                self.downloaded.pop(old, None)
-                self.weights_hash.pop(old, None)
+                self.downloaded.pop(old, None)  # (`weights_hash` keeps every version: a loaded one may be old)
             self.download_took = time.monotonic() - started
             log.info("policy version %d downloaded and verified in %.1f s", version, self.download_took)
             self._new_download.set()

@@ -90,6 +90,7 @@ class TrainingMixin:
             except RolloutFormatError as exc:  # never retried for ever: dropped from training, once
                 log.error("rollout %s cannot be trained on (%s); dropped from training", k[:12], exc)
                 self.state.never_train(k, str(exc)[:200])
+                await self._ask_check(k, f"unreadable here: {str(exc)[:80]}")
         if len(files) < cfg.train_files:
             return False
         new = v + 1

@@ -94,6 +94,10 @@ def test_a_worker_that_takes_the_runner_up_inside_the_margin_is_caught(
     v = _verify(steered, hf_prefill, checks)
     assert not v.ok and v.verdict.reason == Reason.REPLAY_MISMATCH, v.verdict
     assert "steered" in v.verdict.detail
+    # the cheat gains nothing: the file's units are revoked (here softly: 12 % of tokens off the draw is
+    # within twice the calibrated any-precision rate of 4.3 %, which is kept for machines noisier than
+    # any calibrated; a worker steering further is slashed)
+    assert v.verdict.figures["replay_disagreements"] >= len(swaps) > 0
     assert all(s.verdict.ok for s in v.samples)  # every completion's own replay passed: the file test sees it
 
     # the same sampler without the cheat passes: it is the steering that fails, not transformers' draws

@@ -95,6 +95,28 @@ def test_a_swapped_version_is_never_held_against_the_work_done_with_the_first_we
                 soft = await v.judge_file(bad, _row(v) | {"policy_version": 1}, last_chance=True)
                 assert soft is not None and soft["verdict"]["reason"] == "weights_unknown", soft
                 assert not invalidation_is_hard(stored_reason(soft))
+            # a version we never heard announced (we joined late, or were down past the history): no
+            # verdict, however late: honest work never pays for the gap in our book
+            late = _as_version(honest, 2, "55" * 32)
+            assert await v.judge_file(late, _row(v) | {"policy_version": 2}, last_chance=True) is None
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_announcements_carry_only_hashes_and_history_up_to_their_version() -> None:
+    import pytest
+
+    from node import protocol
+
+    h = "ab" * 32
+    ok = PolicyAnnouncement(3, "tiny", h, ["http://127.0.0.1:1"], {1: h, 2: h, 3: h})
+    assert PolicyAnnouncement.from_body(ok.to_body()) == ok
+    for bad in (
+        PolicyAnnouncement(3, "tiny", "a b", [], {}),  # not a hash (stored space-joined: would split)
+        PolicyAnnouncement(3, "tiny", h, [], {2: "x" * 64}),
+        PolicyAnnouncement(3, "tiny", h, [], {9: h}),  # a version the announcement has not reached
+        PolicyAnnouncement(3, "tiny", h, [], {-1: h}),
+    ):
+        with pytest.raises(protocol.ProtocolError):
+            PolicyAnnouncement.from_body(bad.to_body())
