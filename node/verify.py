@@ -266,13 +266,21 @@ class FileChecks:
             )
             if not t.ok:
                 first_bad = t
+        passed = OK
         if first_bad is None and self.params.temperature > 0 and not self.params.exact:
             t = temperature_test([c.stats for c in checks if c.stats is not None], self.calibrated.sampling)
             if t.ok:  # stop tokens drawn as often as the model's own stop probabilities say (issue 37 (7))
-                t = termination_test([c.stops for c in checks if c.stops is not None])
+                stops = [c.stops for c in checks if c.stops is not None]
+                t = termination_test(stops)
+                # the file's stop figures go with a pass: a validator adds them up per node (`cumulative_termination`)
+                passed = Verdict(Reason.OK, figures={
+                    "stops": float(sum(x.stopped for x in stops)),
+                    "expected_stops": sum(x.expected for x in stops),
+                    "stop_variance": sum(x.variance for x in stops),
+                })  # fmt: skip
             if not t.ok:
                 first_bad = t
-        return FileVerdict(first_bad or OK, [c.verdict for c in checks])
+        return FileVerdict(first_bad or passed, [c.verdict for c in checks])
 
 
 def verify_file(

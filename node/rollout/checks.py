@@ -380,6 +380,38 @@ def termination_test(stats: Sequence[StopStats], alpha: float = TERMINATION_ALPH
     return Verdict(Reason.BAD_TERMINATION, detail + f" (chance for honest sampling below e^{log_bound:.0f})", figures)
 
 
+TERMINATION_SLACK = 0.02  # share of a node's expected stops its files may miss across files (numerics: a
+# bf16 prefill shifted the tiny model's stop probabilities by 0.9 % against fp32)
+
+
+def cumulative_termination(
+    stopped: float, expected: float, variance: float, slack: float = TERMINATION_SLACK, alpha: float = TERMINATION_ALPHA
+) -> Verdict:
+    """The termination test over every file of one node a validator checked: a worker that bans stop
+    tokens in a share of its completions small enough for each file to pass (in a file of 64 completions
+    about a quarter of them) still stops less than the model says, file after file, and the deficit grows
+    linearly while its noise grows as a square root. Lower tail only (the cheat that is paid: longer
+    completions), past `slack` of the expected stops (a validator's prefill may differ from the worker's
+    kernels by a relative bias that no count of files averages away). Freedman's inequality bounds the
+    whole path of a martingale, so checking after every file keeps its 1e-9. A failure is soft
+    (`near_threshold`): no single file shows it, so it revokes units and makes the node's work checked
+    whatever the sample rate, never a slash."""
+    a = expected * (1.0 - slack) - stopped
+    figures = {"node_stops": stopped, "node_expected_stops": expected}
+    if a <= 0:
+        return Verdict(Reason.OK, figures=figures)
+    log_bound = -(a * a) / (2.0 * (variance + a / 3.0))
+    if log_bound >= math.log(alpha):
+        return Verdict(Reason.OK, figures=figures | {"log_bound": log_bound})
+    return Verdict(
+        Reason.BAD_TERMINATION,
+        f"across the node's checked files {stopped:.0f} completions stopped where the model's stop probabilities "
+        f"expect {expected:.1f}: stop tokens suppressed in part of its completions (chance for honest sampling "
+        f"below e^{log_bound:.0f})",
+        figures | {"log_bound": log_bound, "near_threshold": 1.0},
+    )
+
+
 def check_reward(claimed: float, recomputed: float, tol: float = 1e-6) -> Verdict:
     if not math.isfinite(claimed) or abs(claimed - recomputed) > tol:
         return Verdict(Reason.REWARD_MISMATCH, f"claimed reward {claimed}, task gives {recomputed}")

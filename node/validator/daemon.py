@@ -48,7 +48,7 @@ from ..p2p.envelope import encode
 from ..p2p.membership import ChainMembership
 from ..p2p.network import PoolNetwork
 from ..policy import PolicyAnnouncement, PolicyBook
-from ..rollout.checks import Reason
+from ..rollout.checks import Reason, cumulative_termination
 from ..store import DISK_FULL, StoreError
 from ..taskspec import TaskSpec, TaskSpecError, pool_spec
 from ..verify import Calibrated
@@ -134,6 +134,24 @@ class Validator(CheckingMixin, DisputesMixin):
 
     def _count(self, name: str, value: float = 1.0, **labels: str) -> None:
         count(self.metrics, name, value, **labels)
+
+    def node_termination(self, node: str, verdict: dict[str, Any]) -> dict[str, Any]:
+        """A passing file's stop figures (statistical pools) added to its node's totals, and the
+        cumulative termination test on them (`cumulative_termination`): a node whose files stop less
+        than the model says, file after file, has this file revoked softly and every later record of it
+        checked, where each file alone passed."""
+        fig = (verdict.get("verdict") or {}).get("figures") or {}
+        if not verdict.get("ok") or "expected_stops" not in fig:
+            return verdict
+        t = cumulative_termination(
+            *self.state.add_stops(node, fig["stops"], fig["expected_stops"], fig["stop_variance"])
+        )
+        if t.ok:
+            return verdict
+        if self.state.node_suspect(node) is None:
+            log.warning("node %s stops less than the model says across its files: checking all its work", node)
+        self.state.mark_node_suspect(node, str(t.reason))
+        return {**verdict, "ok": False, "verdict": t.to_dict()}
 
     def sampled(self, key: str) -> bool:
         if self.cfg.sample_rate >= 1.0:
@@ -250,7 +268,7 @@ class Validator(CheckingMixin, DisputesMixin):
             self.state.set_status(key, "settled", "deadline too close")
             return
         if r["status"] == "pending":
-            if not self.sampled(key) and self.state.suspect(key) is None:
+            if not self.sampled(key) and self.state.suspect(key) is None and not self.state.node_suspect(r["node"]):
                 self.state.set_status(key, "skipped")
                 return
             try:
@@ -267,6 +285,7 @@ class Validator(CheckingMixin, DisputesMixin):
                 return
             if verdict is None:
                 return
+            verdict = self.node_termination(str(r["node"]), verdict)
             if self.cfg.lie:  # the devnet's lying validator: every checked record "fails"
                 verdict = {**verdict, "ok": False, "verdict": {**verdict["verdict"], "reason": "made-up"}}
             evidence = self._save_evidence(key, verdict)

@@ -144,6 +144,23 @@ class ValidatorState:
         self.store.put(f"suspect:{key}", reason)
         self.store.execute("UPDATE checks SET status = 'pending' WHERE work_key = ? AND status = 'skipped'", (key,))
 
+    def add_stops(self, node: str, stopped: float, expected: float, variance: float) -> tuple[float, float, float]:
+        """A checked file's stop figures added to its node's totals (statistical pools); the new totals."""
+        raw = self.store.get(f"stops:{node.lower()}")
+        have = [float(x) for x in raw.split()] if raw else [0.0, 0.0, 0.0]
+        tot = (have[0] + stopped, have[1] + expected, have[2] + variance)
+        self.store.put(f"stops:{node.lower()}", " ".join(repr(x) for x in tot))
+        return tot
+
+    def mark_node_suspect(self, node: str, reason: str) -> None:
+        """Every record of `node` is checked from now on, whatever the sample rate (skipped ones too)."""
+        self.store.put(f"suspect-node:{node.lower()}", reason)
+        self.store.execute("UPDATE checks SET status = 'pending' WHERE lower(node) = ? AND status = 'skipped'",
+                           (node.lower(),))  # fmt: skip
+
+    def node_suspect(self, node: str) -> str | None:
+        return self.store.get(f"suspect-node:{node.lower()}")
+
     def accused(self) -> list[str]:
         return [str(r["work_key"]) for r in self.store.query("SELECT work_key FROM checks WHERE status = 'accused'")]
 

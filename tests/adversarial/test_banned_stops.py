@@ -62,26 +62,30 @@ def stopper(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _file(engine: Any, checks: Any, ban: bool) -> RolloutFile:
+def _file(engine: Any, checks: Any, ban: bool, share: float = 1.0, seed: int = SEED) -> RolloutFile:
+    """A file of the task; with `ban`, the stop tokens banned in `share` of its completions."""
     from node.inference.engine import SamplingSpec
 
     stops = tuple(sorted(checks.stop_ids))
     plain = engine._sampling_params
+    calls = [0]
 
     def banned(spec: Any, seed: int) -> Any:  # the cheat: the stop tokens can never be drawn
         params = plain(spec, seed)
-        params.logit_bias = {i: -100.0 for i in stops}
+        calls[0] += 1
+        if (calls[0] - 1) % GROUP < round(share * GROUP):
+            params.logit_bias = {i: -100.0 for i in stops}
         return params
 
     env = get_env("math")
-    problems = env.problems(SEED, PROMPTS)
+    problems = env.problems(seed, PROMPTS)
     engine._sampling_params = banned if ban else plain
     try:
-        spec = SamplingSpec(1.0, 1.0, MAX_TOKENS, seed=SEED, stop_token_ids=stops)
+        spec = SamplingSpec(1.0, 1.0, MAX_TOKENS, seed=seed, stop_token_ids=stops)
         groups = engine.generate([checks.encode_prompt(p.prompt) for p in problems], spec, n=GROUP)
     finally:
         engine._sampling_params = plain
-    header = RolloutHeader(1, "0x" + "ab" * 20, 0, "math", SEED, dict(SAMPLING), "tiny")
+    header = RolloutHeader(1, "0x" + "ab" * 20, 0, "math", seed, dict(SAMPLING), "tiny")
     return RolloutFile.from_bytes(
         build_rollout_file(header, problems, groups, env=env, decode=checks.decode).to_bytes()
     )
@@ -120,3 +124,47 @@ def test_banning_stop_tokens_on_a_statistical_pool_fails_the_termination_test(
     assert "suppressed" in v.verdict.detail
     # every completion passed its own checks: only the file-wide test sees it
     assert all(s.verdict.ok for s in v.samples)
+
+
+def test_banning_stops_in_part_of_the_completions_is_caught_across_a_nodes_files(
+    vllm_engine: Any, tiny_model: Path, stopper: Path, tmp_path: Path
+) -> None:
+    """A worker that bans stop tokens in only a quarter of its completions passes each file's test (the
+    per-file bound leaves that much room), and is paid for more tokens every time. The validator adds each
+    passing file's stop figures to its node's totals (`Validator.node_termination`): the deficit grows with
+    every file while its noise grows as a square root, so after a few files the node's work is revoked
+    (softly) and all of it checked. An honest node's files, as many, never are."""
+    from node.inference.engine import HfPrefill
+    from node.rollout.checks import invalidation_is_hard, stored_reason
+    from tests.adversarial.test_hostile_rollouts import _validator
+
+    checks = pool_checks(TaskSpec("tiny", "math", SAMPLING), model_tools("tiny"), Calibrated.load("tiny"))
+    prefill = HfPrefill(stopper)
+    v = _validator(tmp_path, tiny_model)
+    files = {"honest": 8, "cheat": 12}
+    vllm_engine.reload_weights(stopper)
+    try:
+        made = {
+            who: [_file(vllm_engine, checks, ban=who == "cheat", share=0.25, seed=SEED + 10 + i) for i in range(n)]
+            for who, n in files.items()
+        }
+    finally:
+        vllm_engine.reload_weights(tiny_model)
+    caught = None
+    for who, fs in made.items():
+        node = "0x" + ("11" if who == "honest" else "22") * 20
+        for i, f in enumerate(fs):
+            alone = _verify(f, prefill, checks)
+            assert alone.ok, (who, i, alone.verdict)  # every file passes on its own
+            verdict = v.node_termination(node, alone.to_dict())
+            if who == "honest":
+                assert verdict["ok"], (i, verdict["verdict"])
+            elif not verdict["ok"] and caught is None:
+                caught = i
+                assert verdict["verdict"]["reason"] == "bad_termination"
+                assert not invalidation_is_hard(stored_reason(verdict))  # soft: no single file shows it
+                assert v.state.node_suspect(node) is not None  # every record of the node checked from now
+    assert caught is not None, "the partial ban was never caught"
+    # what it was for: longer completions, more units paid per file (before it was caught)
+    per_file = {who: sum(f.units for f in fs) / len(fs) for who, fs in made.items()}
+    assert per_file["cheat"] > per_file["honest"], per_file

@@ -49,3 +49,24 @@ def test_a_pool_that_mandates_one_precision_gets_its_near_zero_margin() -> None:
         TaskSpec("tiny", "math", {"temperature": 1.0, "max_tokens": 8}, extra={"precision": "bf16"})
     )
     assert bf16.sampling.margin == any_precision.sampling.margin
+
+
+def test_the_cumulative_termination_test_sees_a_deficit_no_single_file_shows() -> None:
+    from node.rollout.checks import Reason, StopStats, cumulative_termination, termination_test
+
+    # one file of 64 completions: 48 honest ones (each expected to stop about once, and stopping) and 16
+    # with stops banned, which run to max_tokens where the model expected about 3 stops each
+    file = [StopStats(1, 1.0, 0.97) for _ in range(48)] + [StopStats(0, 3.0, 2.9) for _ in range(16)]
+    assert termination_test(file).ok  # within the per-file bound, paid for the longer completions
+    s = e = v = 0.0
+    failed_at = None
+    for n in range(1, 40):
+        s, e, v = s + 48, e + 96, v + 48 * 0.97 + 16 * 2.9
+        t = cumulative_termination(s, e, v)
+        if not t.ok and failed_at is None:
+            failed_at = n
+            assert t.reason == Reason.BAD_TERMINATION and t.figures["near_threshold"] == 1.0
+    assert failed_at is not None and failed_at <= 4
+    # an honest node a little short of its expectation, within the slack for numerics: never
+    assert cumulative_termination(0.97 * 64_000, 64_000, 62_000).ok
+    assert cumulative_termination(70_000, 64_000, 62_000).ok  # more stops than expected: not the paid cheat
