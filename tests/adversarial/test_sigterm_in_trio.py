@@ -108,10 +108,16 @@ def test_sigterm_to_a_running_devnet_stops_every_role_cleanly(tmp_path: Path, si
         )  # fmt: skip
     try:
         deadline = time.monotonic() + 240
-        while "connecting to the coordinator" not in out.read_text():  # every role up, polled over HTTP
+        # every role started and polled over HTTP: the orchestration's first round of its roles' status
+        # (a worker's own phase, "connecting to the coordinator", can pass between two rounds), and a few
+        # seconds more, so that the roles are busy (loading their engines, joining) and take a while to stop:
+        # the second SIGTERM must land while they stop, not after the devnet has exited
+        while "workers generating" not in out.read_text():
             assert proc.poll() is None, out.read_text()[-4000:]
             assert time.monotonic() < deadline, out.read_text()[-4000:]
             time.sleep(0.5)
+        time.sleep(4.0)
+        assert proc.poll() is None, out.read_text()[-4000:]
         proc.send_signal(signal.SIGTERM)
         if signals == 2:
             time.sleep(0.3)  # while the roles stop: vLLM engines and libp2p hosts take a moment
