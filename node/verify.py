@@ -257,7 +257,7 @@ class FileChecks:
                 first_bad.reason, first_bad.detail + note, first_bad.figures | {"near_threshold": float(near)}
             )
         if first_bad is None and self.params.temperature > 0 and self.params.exact:
-            replayed = [(c.disagreements, len(x.completion_tokens)) for x, c in zip(samples, checks, strict=False)
+            replayed = [(c.disagreements, len(x.completion_tokens)) for x, c in zip(samples, checks, strict=True)
                         if c.disagreements is not None]  # fmt: skip
             t = steering_test(
                 sum(d for d, _ in replayed),

@@ -420,14 +420,17 @@ class Validator(CheckingMixin, DisputesMixin):
                 ann = PolicyAnnouncement.from_body(env.body)
             except protocol.ProtocolError:
                 continue
-            before = {v: list(hs) for v, hs in self.book.announced.items()}
+            # the hashes this announcement is the first to name (each new one is kept with the signed
+            # envelope that carried it); then its sources and version
+            new = [(v, h) for v, h in (*ann.history.items(), (ann.version, ann.manifest_hash)) if self.book.heard(v, h)]
             self.book.update(ann)
-            for v, hashes in self.book.announced.items():
-                for h in hashes[len(before.get(v, ())) :]:
-                    self.state.add_policy_hash(v, h, encode(env))
-                    if len(hashes) > 1:
-                        log.error(
-                            "the coordinator announced policy version %d with another hash (%s, first %s): "
-                            "files are judged against the weights their workers signed for",
-                            v, h[:12], hashes[0][:12],
-                        )  # fmt: skip
+            envelope = encode(env) if new else b""
+            for v, h in new:
+                self.state.add_policy_hash(v, h, envelope)
+                first = self.book.announced[v][0]
+                if h != first:
+                    log.error(
+                        "the coordinator announced policy version %d with another hash (%s, first %s): "
+                        "files are judged against the weights their workers signed for",
+                        v, h[:12], first[:12],
+                    )  # fmt: skip

@@ -66,7 +66,7 @@ class ValidatorState:
     def add_policy_hash(self, version: int, manifest_hash: str, envelope: bytes | None = None) -> None:
         """A hash announced for `version`, after those heard before; with `envelope`, the coordinator's
         signed announcement that carried it (kept: two of them for one version prove the lie to anyone)."""
-        known = self.policy_hashes().get(version, [])
+        known = (self.store.get(f"policy:{version}") or "").split()
         if manifest_hash not in known:
             self.store.put(f"policy:{version}", " ".join([*known, manifest_hash]))
         if envelope is not None and self.store.get(f"policyann:{version}:{manifest_hash}") is None:

@@ -363,13 +363,14 @@ class IntakeMixin:
             return self._reject(sender, "malformed", str(exc))
         finally:
             self._parsing.discard(sender)
-        version = f.header.policy_version
-        if version > 0 and weights_of(f.header) != self.state.version_hash(version):
+        version, named = f.header.policy_version, weights_of(f.header)
+        announced = self.state.version_hash(version) if version > 0 else None
+        if version > 0 and named != announced:
             self.blobs.delete(key)
             return self._reject(
                 sender, "wrong-weights",
-                f"the file names weights {str(weights_of(f.header))[:16]} for policy version {version}, "
-                f"announced as {str(self.state.version_hash(version))[:16]}",
+                f"the file names weights {str(named)[:16]} for policy version {version}, "
+                f"announced as {str(announced)[:16]}",
             )  # fmt: skip
         draws, copies = self._prior(f)
         decision = await trio.to_thread.run_sync(

@@ -34,9 +34,7 @@ class StepStats:
     stale_rejected: int  # rollout files refused for their policy version (never trained on)
     stale_samples: int  # samples in those files
     samples_seen: int  # samples in accepted files
-    zero_adv_dropped: (
-        int  # samples not trained on (checked with their file) because their group's rewards were all equal
-    )
+    zero_adv_dropped: int  # samples checked but not trained on: their group's rewards were all equal
     samples_trained: int
     tokens: int  # completion tokens trained on
     mean_reward: float  # over samples_seen (nan when none)
