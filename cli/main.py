@@ -86,7 +86,11 @@ def entry(argv: list[str] | None = None) -> int:
 
 
 def main() -> None:
-    sys.exit(entry())
+    from node.runtime import command_done
+
+    code = entry()
+    command_done()
+    sys.exit(code)
 
 
 if __name__ == "__main__":

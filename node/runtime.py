@@ -56,6 +56,16 @@ def _sigterm_as_sigint(signum: int, frame: Any) -> None:
     signal.raise_signal(signal.SIGINT)
 
 
+def command_done() -> None:
+    """A command that took SIGTERM as Ctrl-C (`stop_on_sigterm`) has finished, its cleanup included:
+    a late SIGTERM or Ctrl-C (the second of an impatient user, landing after the first's cleanup was
+    already done) is ignored. Python's finalization puts its own handlers back to the default, so such
+    a signal killed the exiting process and replaced the exit status it was about to return (130)."""
+    if signal.getsignal(signal.SIGTERM) is _sigterm_as_sigint:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def run_daemon(daemon: Any, metrics: Any, metrics_addr: tuple[str, int] | None, what: str, data_dir: Path) -> None:
     """Run `daemon` (its `run()` and `status()`) as this process's trio root until it fails or a signal
     ends it; a fatal error leaves as one `IntellectError`."""

@@ -152,3 +152,20 @@ def test_ctrl_c_while_anvil_starts_leaves_no_anvil_running(monkeypatch: pytest.M
         pass
     assert started and chain.proc is None
     assert not Path(f"/proc/{started[0]}").exists()  # stopped and reaped
+
+
+def test_a_signal_after_the_commands_cleanup_does_not_replace_its_exit_status() -> None:
+    """The second SIGTERM of an impatient user can land after the first one's cleanup is done, while
+    the process exits: Python's finalization had put the default handler back, so it killed the process
+    (status -15) instead of letting it return 130. Once a command is done, late signals are ignored."""
+    code = (
+        "import os, signal, sys\n"
+        "from node.runtime import command_done, stop_on_sigterm\n"
+        "stop_on_sigterm()\n"
+        "command_done()\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "sys.exit(130)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=str(REPO_ROOT), timeout=60)
+    assert done.returncode == 130
