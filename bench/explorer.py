@@ -54,7 +54,8 @@ async def _setup(url: str, workdir: Path, records: int) -> tuple[int, Any, Roles
         items = [ops.WorkItem(roles.node.address, k, 10 + i % 50, i % 4, "0x" + "ab" * 32) for i, k in enumerate(keys)]
         await ops.record_work(co, pid, items)
     async with await ChainClient.connect(url, dep, roles.validators[0]) as v:
-        accused = (await ops.invalidate(v, pid, keys[-1], "0x" + "ee" * 32)).event("WorkAccused").args
+        sig = ops.rollout_claim(v, pid, keys[-1]).sign(roles.node)
+        accused = (await ops.invalidate(v, pid, keys[-1], "0x" + "ee" * 32, signature=sig)).event("WorkAccused").args
         async with RpcClient(url) as rpc:
             await rpc.request("evm_increaseTime", [int(accused["appealEnd"]) - await v.timestamp() + 1])
             await rpc.request("evm_mine", [])

@@ -27,7 +27,7 @@ from pool.deploy import TOKEN, DeployParams, deploy
 BATCH = 100
 NODES = 100
 TARGET = 30_000
-TARGET_INVALIDATE = 120_000
+TARGET_INVALIDATE = 250_000  # an accusation stores its opening time, the record time and the set it is judged by
 
 
 async def main(url: str) -> dict[str, float]:
@@ -81,19 +81,26 @@ async def main(url: str) -> dict[str, float]:
 
     await ops.register_provider(a, 100 * TOKEN)  # the admin, staked, may challenge
     js = [await ChainClient.connect(url, dep, j) for j in jurors]
-    r = await ops.invalidate(v, pid, key(1), "0x" + "ee" * 32)
+
+    def sig(i: int) -> str:  # the node's signature over its work: what a slash needs
+        return ops.rollout_claim(v, pid, key(i)).sign(nodes[0])
+
+    r = await ops.invalidate(v, pid, key(1), "0x" + "ee" * 32, signature=sig(1))
     out["gas_invalidate"] = r.gas_used
     out["gas_soft_invalidate"] = (await ops.invalidate(v, pid, key(202), "0x" + "ee" * 32, hard=False)).gas_used
-    await ops.invalidate(v, pid, key(200), "0x" + "ee" * 32)
+    await ops.invalidate(v, pid, key(200), "0x" + "ee" * 32, signature=sig(200))
     out["gas_appeal"] = (await ops.appeal(p, pid, key(200))).gas_used
     await a.rpc.request("evm_mine", [])
     out["gas_draw_committee"] = (await ops.draw_committee(a, pid, key(200))).gas_used
     drawn = [j for j in js if int(await a.call("WorkLedger", "jurorState", pid, key(200), j.address)) == 1]
     out["gas_vote"] = (await ops.vote(drawn[0], pid, key(200), False)).gas_used
     out["gas_vote_deciding"] = (await ops.vote(drawn[1], pid, key(200), False)).gas_used
-    out["gas_challenge"] = (await ops.challenge(a, pid, key(201), "0x" + "cc" * 32)).gas_used
+    out["gas_challenge"] = (await ops.challenge(a, pid, key(201), "0x" + "cc" * 32, sig(201))).gas_used
+    await a.rpc.request("anvil_mine", [hex(300)])  # the seed's hash is gone: every eligible validator sits
+    out["gas_draw_committee_stale"] = (await ops.draw_committee(a, pid, key(201))).gas_used
     await advance_time(a.rpc, 3601)
     out["gas_finalize_invalidation"] = (await ops.finalize_invalidation(v, pid, key(1))).gas_used
+    out["gas_finalize_soft"] = (await ops.finalize_invalidation(v, pid, key(202))).gas_used
     out["gas_resolve_lapsed"] = (await ops.resolve_lapsed(v, pid, key(201))).gas_used
     keys = ["0x" + f"{i:064x}" for i in range(2, 2 + BATCH)]
     _, rs = await ops.claim(p, pid, keys)

@@ -99,25 +99,38 @@ def _evidence_hash(value: str, work_key: str) -> str:
     return "0x" + hashlib.sha256(doc).hexdigest()
 
 
+SIGNATURE_HELP = (
+    "The node's signature over the work key (its RolloutClaim, 0x-hex; served by the coordinator and the node "
+    "on /intellect/signature/1): no slash without it."
+)
+
+
 @work_group.command("invalidate")
 @click.option("--pool", "pool_id", type=int, required=True, help="Pool id.")
 @click.option("--key", "work_key", required=True, help="Work key.")
 @click.option("--evidence", default=ZERO32, help=EVIDENCE_HELP)
 @click.option("--soft", is_flag=True, help="Revoke the units without a slash (e.g. data never served).")
+@click.option("--signature", default=None, help=SIGNATURE_HELP)
 @common
-def work_invalidate(s: Settings, pool_id: int, work_key: str, evidence: str, soft: bool) -> None:
-    """Invalidate recorded work before its deadline (one of the pool's validators). Hard by default:
-    an accusation with the pool's bond, final (slash) once its appeal period ends unappealed."""
+def work_invalidate(s: Settings, pool_id: int, work_key: str, evidence: str, soft: bool, signature: str | None) -> None:
+    """Accuse recorded work before its deadline (one of the pool's validators, named by the time it was
+    recorded). Hard by default: with the pool's bond and the node's signature over the work, a slash
+    once its appeal period ends unappealed. Soft: no bond, no slash. Either way the record's reward goes
+    to the treasury when it becomes final (`work finalize`)."""
     evidence = _evidence_hash(evidence, work_key)
 
     async def go() -> Any:
         async with await s.client() as c:
-            return await ops.invalidate(c, pool_id, work_key, evidence, hard=not soft)
+            return await ops.invalidate(c, pool_id, work_key, evidence, hard=not soft, signature=signature)
 
     r = run(go)
     if soft:
         ev = r.event("WorkSoftInvalidated").args
-        output(s, receipt(r) | {"units": ev["units"], "soft": True}, f"revoked {ev['units']} units (tx {r.tx_hash})")
+        output(
+            s,
+            receipt(r) | {"units": ev["units"], "soft": True, "appeal_end": ev["appealEnd"]},
+            f"revoking {ev['units']} units; final unless appealed by {ev['appealEnd']} (tx {r.tx_hash})",
+        )
         return
     ev = r.event("WorkAccused").args
     output(
@@ -144,9 +157,9 @@ def _dispute_tx(fn: Any, what: str, done: str) -> Any:
     return command
 
 
-work_group.command("appeal", help="Appeal a hard invalidation of your work with the pool's bond (provider).")(
-    _dispute_tx(ops.appeal, "appeal", "appealed")
-)
+work_group.command(
+    "appeal", help="Appeal an invalidation (hard or soft) of your work with the pool's bond (provider)."
+)(_dispute_tx(ops.appeal, "appeal", "appealed"))
 work_group.command("finalize", help="Make an unappealed invalidation final after its appeal period (anyone).")(
     _dispute_tx(ops.finalize_invalidation, "finalize", "finalized the invalidation of")
 )
@@ -159,8 +172,9 @@ work_group.command("close-lapsed", help="Close a dispute whose vote ended withou
 @click.option("--pool", "pool_id", type=int, required=True, help="Pool id.")
 @click.option("--key", "work_key", required=True, help="Work key.")
 @click.option("--evidence", required=True, help=EVIDENCE_HELP)
+@click.option("--signature", required=True, help=SIGNATURE_HELP)
 @common
-def work_challenge(s: Settings, pool_id: int, work_key: str, evidence: str) -> None:
+def work_challenge(s: Settings, pool_id: int, work_key: str, evidence: str, signature: str) -> None:
     """Challenge another provider's record before its deadline, with the pool's bond (any staked provider).
     Keep the evidence document: the committee re-checks the file itself, and anyone given the document
     can check it against the hash on chain with `rollout verify FILE --evidence DOC`."""
@@ -168,7 +182,7 @@ def work_challenge(s: Settings, pool_id: int, work_key: str, evidence: str) -> N
 
     async def go() -> Any:
         async with await s.client() as c:
-            return await ops.challenge(c, pool_id, work_key, evidence)
+            return await ops.challenge(c, pool_id, work_key, evidence, signature)
 
     r = run(go)
     ev = r.event("WorkChallenged").args

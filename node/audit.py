@@ -73,6 +73,7 @@ class PoolTotals:
     invalidated_units: int = 0
     claimed_units: int = 0
     claimed_tokens: int = 0
+    forfeited_tokens: int = 0  # revoked records' rewards, sent to the treasury
 
 
 @dataclass
@@ -160,12 +161,8 @@ def rebuild(
             if rec is None:
                 problems.append(f"work {key} disputed but never recorded (tx {e.tx_hash})")
                 continue
-            # a validator's invalidation supersedes an open challenge: the challenge lapses in the same tx
-            superseding = (
-                rec.dispute == "challenge" and rec.verdict == "lapsed" and e.name != "WorkChallenged"
-                and rec.dispute_txs[-1:] == [e.tx_hash]
-            )  # fmt: skip
-            if rec.status != "pending" or (rec.dispute and not superseding):
+            # one dispute at a time; one that did not stand leaves the record pending, open to another
+            if rec.status != "pending":
                 problems.append(f"work {key} disputed while {rec.status} (tx {e.tx_hash})")
                 continue
             t = block_time.get(e.block_number)
@@ -173,12 +170,10 @@ def rebuild(
                 problems.append(f"work {key} disputed at {t}, at or after its deadline {rec.deadline}")
             rec.evidence = a["evidenceHash"]
             rec.dispute_txs.append(e.tx_hash)
+            rec.status, rec.verdict, rec.soft = "disputed", "open", e.name == "WorkSoftInvalidated"
             if e.name == "WorkSoftInvalidated":
-                rec.status, rec.soft, rec.validator, rec.settled_tx = "invalidated", True, a["validator"], e.tx_hash
-                totals.invalidated_units += rec.units
-                continue
-            rec.status, rec.verdict = "disputed", "open"
-            if e.name == "WorkAccused":
+                rec.dispute, rec.validator, rec.appeal_end = "accusation", a["validator"], int(a["appealEnd"])
+            elif e.name == "WorkAccused":
                 rec.dispute, rec.validator, rec.appeal_end = "accusation", a["accuser"], int(a["appealEnd"])
             else:
                 rec.dispute, rec.validator, rec.vote_end = "challenge", a["challenger"], int(a["voteEnd"])
@@ -196,13 +191,27 @@ def rebuild(
                 continue
             rec.verdict = ("open", "upheld", "overturned", "lapsed")[int(a["verdict"])]
             rec.dispute_txs.append(e.tx_hash)
-            if rec.verdict == "lapsed" and rec.dispute == "appeal":
+            # a hard dispute superseding a soft one ends it as lapsed, its bonds (if appealed) to the provider
+            superseded = rec.verdict == "lapsed" and rec.soft and a["bondsTo"] == a["provider"]
+            if superseded:
+                rec.status = "pending"
+            elif (rec.verdict == "lapsed" and rec.dispute == "appeal") or (rec.verdict == "upheld" and rec.soft):
                 rec.status, rec.soft, rec.settled_tx = "invalidated", True, e.tx_hash  # revoked, not slashed
+                if rec.verdict == "upheld":
+                    rec.validator = a["accuser"]
                 totals.invalidated_units += rec.units
             elif rec.verdict in ("overturned", "lapsed"):
                 rec.status = "pending"
             elif rec.status != "invalidated":
                 problems.append(f"work {a['workKey']}: upheld without an invalidation (tx {e.tx_hash})")
+        elif e.name == "WorkReopened":
+            rec = records.get(a["workKey"])
+            if rec is None or int(a["deadline"]) <= rec.deadline:
+                problems.append(f"work {a['workKey']}: reopened without a later deadline (tx {e.tx_hash})")
+                continue
+            rec.deadline = int(a["deadline"])
+        elif e.name == "RewardForfeited":
+            totals.forfeited_tokens += int(a["amount"])
         elif e.name == "WorkInvalidated":
             key = a["workKey"]
             rec = records.get(key)
@@ -309,7 +318,7 @@ def node_ledgers(rebuilt: Rebuilt, now: int) -> dict[str, NodeLedger]:
             n.disputes.append(
                 {
                     "work_key": r.work_key,
-                    "kind": r.dispute or "soft invalidation",
+                    "kind": "soft invalidation" if r.soft and r.dispute in ("", "accusation") else r.dispute,
                     "by": r.validator,
                     "verdict": r.verdict or "final",
                     "evidence": r.evidence,
@@ -351,11 +360,12 @@ def compare(
         "invalidatedUnits": t.invalidated_units,
         "claimedUnits": t.claimed_units,
         "claimedTokens": t.claimed_tokens,
-        "budget": t.funded - t.claimed_tokens - t.surplus_withdrawn,
+        "budget": t.funded - t.claimed_tokens - t.surplus_withdrawn - t.forfeited_tokens,
+        "forfeitedTokens": t.forfeited_tokens,
     }
     for k, v in expect.items():
-        if int(account_state[k]) != v:
-            out.append(f"pool account {k}: events say {v}, contract says {account_state[k]}")
+        if int(account_state.get(k, 0)) != v:
+            out.append(f"pool account {k}: events say {v}, contract says {account_state.get(k, 0)}")
     for addr, p in rebuilt.providers.items():
         s = provider_state.get(addr)
         if s is None:

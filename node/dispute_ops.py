@@ -21,14 +21,36 @@ async def _bond(c: ChainClient, pool_id: int, what: str) -> int:
     return bond
 
 
-async def invalidate(c: ChainClient, pool_id: int, work_key: str, evidence: str, hard: bool = True) -> Receipt:
-    """Invalidate a record as one of the pool's validators. Hard (the default): an accusation with the
-    pool's bond, final (slash) after the appeal period unless appealed. Soft: revoked, no slash."""
+def _signature(signature: str | None, work_key: str) -> bytes:
+    """The node's `RolloutClaim` signature as bytes, required for anything that can slash."""
+    if not signature:
+        raise ChainError(
+            f"no signature of the node over work {work_key}",
+            "a slash needs the node's own signature over the work (its file's RolloutClaim, served on "
+            "/intellect/signature/1); without it, revoke softly",
+        )
+    try:
+        raw = bytes.fromhex(signature.removeprefix("0x"))
+    except ValueError:
+        raw = b""
+    if len(raw) != 65:
+        raise ChainError(f"malformed node signature for work {work_key}", "65 bytes, 0x-hex")
+    return raw
+
+
+async def invalidate(
+    c: ChainClient, pool_id: int, work_key: str, evidence: str, hard: bool = True, signature: str | None = None
+) -> Receipt:
+    """Accuse a record as one of the pool's validators; it stays frozen for the pool's appeal period,
+    then anyone makes it final (`finalize_invalidation`): revoked, its reward to the treasury. Hard (the
+    default): with the pool's bond and the node's `signature` over the work, and a slash at the end.
+    Soft: no bond, no signature, no slash."""
     if not await c.call("PoolManager", "isPoolValidator", pool_id, c.address):
         raise ChainError(
             f"{c.address} is not a validator of pool {pool_id}",
             "the pool's owner names validators with `intellect-node validator add --pool ID ADDRESS`",
         )
+    sig = _signature(signature, work_key) if hard else b""
     if hard:
         await _bond(c, pool_id, "the accusation bond")
     return await c.transact(
@@ -38,6 +60,7 @@ async def invalidate(c: ChainClient, pool_id: int, work_key: str, evidence: str,
         bytes32(work_key, "work key"),
         bytes32(evidence, "evidence hash"),
         hard,
+        sig,
         what="invalidation" if hard else "soft invalidation",
     )
 
@@ -50,7 +73,7 @@ async def finalize_invalidation(c: ChainClient, pool_id: int, work_key: str) -> 
 
 async def appeal(c: ChainClient, pool_id: int, work_key: str) -> Receipt:
     rec, d = await record(c, pool_id, work_key), await dispute(c, pool_id, work_key)
-    if d["kindName"] != "accusation" or d["verdictName"] != "open":
+    if d["kindName"] != "accusation" or d["verdictName"] != "open":  # hard or soft
         raise ChainError(f"work {work_key} has no open accusation to appeal (dispute: {d['kindName']})")
     if checksum(str(rec["provider"])) != checksum(c.address):
         raise ChainError(f"work {work_key} belongs to provider {rec['provider']}", "appeal with that provider's key")
@@ -58,7 +81,10 @@ async def appeal(c: ChainClient, pool_id: int, work_key: str) -> Receipt:
     return await c.transact("WorkLedger", "appeal", pool_id, bytes32(work_key, "work key"), what="appeal")
 
 
-async def challenge(c: ChainClient, pool_id: int, work_key: str, evidence: str) -> Receipt:
+async def challenge(c: ChainClient, pool_id: int, work_key: str, evidence: str, signature: str | None) -> Receipt:
+    """Challenge a record as a staked provider, with the pool's bond and the node's `signature` over the
+    work. A lapsed challenge costs `LAPSE_FEE_BPS` of the bond."""
+    sig = _signature(signature, work_key)
     need = max(int((await c.call("PoolManager", "poolTerms", pool_id))["minStake"]), 1)
     if int(await c.call("ProviderRegistry", "stakeOf", c.address)) < need:
         raise ChainError(f"{c.address} stakes less than pool {pool_id}'s minimum", "stake at least that to challenge")
@@ -69,6 +95,7 @@ async def challenge(c: ChainClient, pool_id: int, work_key: str, evidence: str) 
         pool_id,
         bytes32(work_key, "work key"),
         bytes32(evidence, "evidence hash"),
+        sig,
         what="challenge",
     )
 
@@ -76,24 +103,27 @@ async def challenge(c: ChainClient, pool_id: int, work_key: str, evidence: str) 
 def draw_gas(validators: int, committee_size: int) -> int:
     """The gas limit a committee draw gets at least: a bound on the whole draw for a set of `validators`
     and a committee of up to `committee_size` (each member a fresh storage slot)."""
-    return 60_000 + 2_000 * validators + 30_000 * min(committee_size, validators)
+    return 70_000 + 3_000 * validators + 30_000 * min(committee_size, validators)
 
 
-async def draw_committee(c: ChainClient, pool_id: int, work_key: str, opened_at: int | None = None) -> Receipt:
-    """Draw the committee of an appeal or a challenge, from the pool's validators as they were when it
-    opened (read at block `opened_at`, the block of its `WorkAppealed` / `WorkChallenged` event; None:
-    the current set, right when nothing changed since). The draw needs the hash of the block the
-    dispute opened in; sent while that block is the newest, it is mined in a later one and draws
-    there, but a gas estimate at the newest block (geth's default) sees the contract's early return,
-    so the limit is at least `draw_gas`."""
-    tag = hex(opened_at) if opened_at is not None else "latest"
-    validators = list(await c.call("PoolManager", "validatorsOf", pool_id, block=tag))
+async def draw_committee(c: ChainClient, pool_id: int, work_key: str) -> Receipt:
+    """Draw the committee of an appeal or a challenge, from the pool's validators as they were when the
+    dispute opened (`validatorEntries` read at the dispute's `openedBlock`; the contract checks them
+    against the hash it kept). The draw needs the hash of the block the vote opened in; sent while
+    that block is the newest, it is mined in a later one and draws there, but a gas estimate at the
+    newest block (geth's default) sees the contract's early return, so the limit is at least
+    `draw_gas`."""
+    d = await dispute(c, pool_id, work_key)
+    validators, since = await c.call("PoolManager", "validatorEntries", pool_id, block=hex(int(d["openedBlock"])))
     size = int((await c.call("PoolManager", "disputeTerms", pool_id))["committeeSize"])
     key = bytes32(work_key, "work key")
-    floor = draw_gas(len(validators), size)
+    # past 256 blocks the seed is gone and every eligible validator sits (a margin for the blocks to come)
+    stale = await c.rpc.block_number() - int(d["drawBlock"]) >= 240
+    floor = draw_gas(len(validators), len(validators) if stale else size)
     return await c.transact(
-        "WorkLedger", "drawCommittee", pool_id, key, validators, what="committee draw", min_gas=floor
-    )
+        "WorkLedger", "drawCommittee", pool_id, key, list(validators), list(since), what="committee draw",
+        min_gas=floor,
+    )  # fmt: skip
 
 
 #: The gas limit a committee vote gets at least: enough for the vote that decides the dispute (the

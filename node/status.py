@@ -117,7 +117,8 @@ def explain(s: Snapshot, p: Plan) -> dict[str, Any]:
                 "from_staked": int(a["fromStaked"]),
                 "from_unbonding": int(a["fromUnbonding"]),
                 "bounty": int(a["bounty"]),
-                "validator": a["validator"],
+                # the accuser (a slash no vote decided names no bounty hunter in the registry's event)
+                "validator": here.validator if here is not None else a["validator"],
                 "reason": a["reason"],
                 "work_key": a["reason"],
                 "pool": pool_id if here is not None else s.slash_pools.get(e.tx_hash + a["reason"]),

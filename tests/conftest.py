@@ -134,12 +134,19 @@ def own_chain(tmp_path: Path) -> Iterator[World]:
         yield make_world(a, tmp_path)
 
 
+def signed(c: ChainClient, pool_id: int, work_key: str, node: LocalAccount) -> str:
+    """`node`'s signature over its rollout file `work_key` in `pool_id` (what its file carries, and what a
+    slash needs: a node bound to the record's provider)."""
+    return ops.rollout_claim(c, pool_id, work_key).sign(node)
+
+
 async def slash_now(w: World, pool_id: int, work_key: str, evidence: str = "0x" + "ee" * 32) -> Receipt:
     """The pool's validator (`w.validator`) invalidates `work_key` hard, nobody appeals, and once the
     chain's clock has passed the appeal period anyone makes it final. Returns the finalizing receipt
     (its `WorkInvalidated` and `Slashed` events)."""
     async with await w.client(w.validator) as v:
-        accused = (await ops.invalidate(v, pool_id, work_key, evidence)).event("WorkAccused").args
+        sig = signed(v, pool_id, work_key, w.node)
+        accused = (await ops.invalidate(v, pool_id, work_key, evidence, signature=sig)).event("WorkAccused").args
         now = await v.timestamp()
         await advance_time(v.rpc, max(0, int(accused["appealEnd"]) - now))
         return await ops.finalize_invalidation(v, pool_id, work_key)

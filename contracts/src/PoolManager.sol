@@ -82,7 +82,8 @@ contract PoolManager is IPoolMembership, EIP712 {
         address arbiter;
     }
 
-    /// @notice A provider's memberships and the stake they require (see `stakeFloor`).
+    /// @notice A provider's memberships and the stake they require (see `stakeFloor`): the sum of the
+    /// minimum stakes of the distinct pools its nodes are in.
     struct Floor {
         uint32 memberships;
         uint224 stake;
@@ -108,9 +109,14 @@ contract PoolManager is IPoolMembership, EIP712 {
     mapping(uint256 => DisputeTerms) private _disputeTerms;
     mapping(uint256 => address[]) private _validators;
     mapping(uint256 => mapping(address => uint256)) private _validatorSlot; // index + 1
-    /// @notice keccak256(abi.encode(validators)) of each pool's current validator set. A dispute keeps
-    /// the hash of the set it opened under and its committee is drawn from exactly that set, so the
-    /// owner cannot pick a committee by editing the set afterwards.
+    /// @dev When each validator was named (parallel to `_validators`).
+    mapping(uint256 => uint64[]) private _validatorSince;
+    /// @dev Nodes of a provider in a pool (the pool's minimum counts once in the provider's floor).
+    mapping(address => mapping(uint256 => uint256)) private _nodesIn;
+    /// @notice keccak256(abi.encode(validators, since)) of each pool's current validator set and when
+    /// each was named (`validatorEntries`). A dispute keeps the hash of the set it opened under and its
+    /// committee is drawn from exactly that set, so the owner cannot pick a committee by editing the
+    /// set afterwards.
     mapping(uint256 => bytes32) public validatorSetHash;
     /// @notice Longest appeal or vote period a pool may set (a period locks its providers' stake).
     uint64 public constant MAX_DISPUTE_PERIOD = 90 days;
@@ -196,7 +202,7 @@ contract PoolManager is IPoolMembership, EIP712 {
             arbiter: address(0)
         });
         _disputeTerms[poolId] = d;
-        validatorSetHash[poolId] = keccak256(abi.encode(new address[](0)));
+        validatorSetHash[poolId] = keccak256(abi.encode(new address[](0), new uint64[](0)));
         emit PoolCreated(
             poolId,
             msg.sender,
@@ -224,8 +230,10 @@ contract PoolManager is IPoolMembership, EIP712 {
         emit DisputeTermsSet(poolId, d.appealPeriod, d.votePeriod, d.committeeSize, d.bond, d.arbiter);
     }
 
-    /// @notice Names `validator` as one of the pool's validators: it may invalidate the pool's work and
-    /// sit on its dispute committees. Only the owner.
+    /// @notice Names `validator` as one of the pool's validators: it may invalidate the pool's work
+    /// recorded from now on and sit on the committees of that work's disputes (`validatorSince`: work
+    /// recorded before a validator was named is judged by the validators its members joined under).
+    /// Only the owner.
     function addValidator(uint256 poolId, address validator) external {
         _owned(poolId);
         if (validator == address(0)) revert ZeroAddress();
@@ -233,8 +241,9 @@ contract PoolManager is IPoolMembership, EIP712 {
         address[] storage vs = _validators[poolId];
         if (vs.length >= MAX_POOL_VALIDATORS) revert TooManyValidators(poolId, MAX_POOL_VALIDATORS);
         vs.push(validator);
+        _validatorSince[poolId].push(uint64(block.timestamp));
         _validatorSlot[poolId][validator] = vs.length;
-        validatorSetHash[poolId] = keccak256(abi.encode(vs));
+        _rehash(poolId);
         emit ValidatorAdded(poolId, validator);
     }
 
@@ -244,12 +253,16 @@ contract PoolManager is IPoolMembership, EIP712 {
         uint256 slot = _validatorSlot[poolId][validator];
         if (slot == 0) revert NotPoolValidator(poolId, validator);
         address[] storage vs = _validators[poolId];
-        address last = vs[vs.length - 1];
+        uint64[] storage since = _validatorSince[poolId];
+        uint256 lastIndex = vs.length - 1;
+        address last = vs[lastIndex];
         vs[slot - 1] = last;
+        since[slot - 1] = since[lastIndex];
         _validatorSlot[poolId][last] = slot;
         vs.pop();
+        since.pop();
         delete _validatorSlot[poolId][validator];
-        validatorSetHash[poolId] = keccak256(abi.encode(vs));
+        _rehash(poolId);
         emit ValidatorRemoved(poolId, validator);
     }
 
@@ -313,17 +326,17 @@ contract PoolManager is IPoolMembership, EIP712 {
         if (_blacklisted[poolId][node]) revert Blacklisted(poolId, node);
         uint256 current = _membership[node].poolId;
         if (current != 0) revert AlreadyInPool(node, current);
+        // The stake must cover this pool's minimum on top of every other pool the provider is in: each
+        // pool's minimum is stake that pool alone can slash (registry.unstake keeps it; recording checks it).
+        Floor storage f = _floors[provider];
+        uint256 need = _nodesIn[provider][poolId] == 0 ? uint256(f.stake) + p.minStake : f.stake;
         uint256 have = registry.stakeOf(provider);
-        if (have < p.minStake) revert StakeTooLow(have, p.minStake);
+        if (have < need) revert StakeTooLow(have, need);
         _inviteUsed[poolId][nonce] = true;
         _membership[node] = Membership({poolId: uint48(poolId), joinedAt: uint48(block.timestamp), provider: provider});
         p.members += 1;
-        // The provider may not unstake below the highest minimum among its pools (registry.unstake asks).
-        // O(1): the floor only falls when the provider's last membership ends.
-        Floor storage f = _floors[provider];
         f.memberships += 1;
-        uint224 min = p.minStake > type(uint224).max ? type(uint224).max : uint224(p.minStake);
-        if (min > f.stake) f.stake = min;
+        if (_nodesIn[provider][poolId]++ == 0) f.stake = uint224(need); // need <= stake, which fits
         emit NodeJoined(poolId, node, provider, nonce);
     }
 
@@ -362,6 +375,7 @@ contract PoolManager is IPoolMembership, EIP712 {
     }
 
     /// @inheritdoc IPoolMembership
+    /// @dev The sum of the minimum stakes of the distinct pools the provider's nodes are in.
     function stakeFloor(address provider) external view returns (uint256) {
         return _floors[provider].stake;
     }
@@ -371,9 +385,22 @@ contract PoolManager is IPoolMembership, EIP712 {
         return _validatorSlot[poolId][validator] != 0;
     }
 
+    /// @notice When `validator` was named one of the pool's validators (0: it is not one). It may act
+    /// on work recorded at or after that time only.
+    function validatorSince(uint256 poolId, address validator) external view returns (uint64) {
+        uint256 slot = _validatorSlot[poolId][validator];
+        return slot == 0 ? 0 : _validatorSince[poolId][slot - 1];
+    }
+
     /// @notice The pool's validators (at most `MAX_POOL_VALIDATORS`).
     function validatorsOf(uint256 poolId) external view returns (address[] memory) {
         return _validators[poolId];
+    }
+
+    /// @notice The pool's validators and when each was named: what `validatorSetHash` hashes, and what
+    /// a committee draw is given.
+    function validatorEntries(uint256 poolId) external view returns (address[] memory, uint64[] memory) {
+        return (_validators[poolId], _validatorSince[poolId]);
     }
 
     /// @notice How the pool settles disputes.
@@ -464,9 +491,17 @@ contract PoolManager is IPoolMembership, EIP712 {
         Membership memory m = _membership[node];
         if (m.poolId != poolId) revert NotInPool(node, poolId);
         delete _membership[node];
-        _pools[poolId].members -= 1;
+        Pool storage p = _pools[poolId];
+        p.members -= 1;
         Floor storage f = _floors[m.provider];
         f.memberships -= 1;
-        if (f.memberships == 0) f.stake = 0;
+        if (--_nodesIn[m.provider][poolId] == 0) {
+            uint256 min = p.minStake;
+            f.stake = min >= f.stake ? 0 : f.stake - uint224(min);
+        }
+    }
+
+    function _rehash(uint256 poolId) private {
+        validatorSetHash[poolId] = keccak256(abi.encode(_validators[poolId], _validatorSince[poolId]));
     }
 }

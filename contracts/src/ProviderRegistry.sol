@@ -234,7 +234,10 @@ contract ProviderRegistry is AccessControl, EIP712 {
         emit NodeAdded(msg.sender, node, computeUnits);
     }
 
-    /// @notice Unbinds a node that is in no pool, freeing the stake its compute units required.
+    /// @notice Unbinds a node that is in no pool, freeing the stake its compute units required. Not
+    /// while the provider's stake is locked (`stakeLock`): a slash needs the node's signature over the
+    /// work and checks the node is still the provider's, so the binding lasts as long as any of the
+    /// provider's work can still be disputed.
     /// @param node The node to remove.
     function removeNode(address node) external {
         Node memory n = _nodes[node];
@@ -243,6 +246,10 @@ contract ProviderRegistry is AccessControl, EIP712 {
         if (address(poolManager) != address(0)) {
             uint256 poolId = poolManager.poolOf(node);
             if (poolId != 0) revert NodeInPool(node, poolId);
+        }
+        if (address(stakeLock) != address(0)) {
+            uint64 until = stakeLock.lockedUntil(msg.sender);
+            if (block.timestamp < until) revert StakeLocked(until, uint64(block.timestamp));
         }
         Provider storage p = _providers[msg.sender];
         p.computeUnits -= n.computeUnits;
@@ -254,10 +261,11 @@ contract ProviderRegistry is AccessControl, EIP712 {
     // ------------------------------------------------------------------ slashing
 
     /// @notice Slashes up to `amount` of `provider`'s stake, unbonding tokens first. The validator gets
-    /// `min(slashed * bountyBps / 10000, maxBounty)`, the treasury the rest.
+    /// `min(slashed * bountyBps / 10000, maxBounty)`, the treasury the rest; with no validator (the zero
+    /// address: a slash no vote decided) the treasury gets it all.
     /// @param provider Provider to slash.
     /// @param amount Requested amount; less is taken if the provider holds less.
-    /// @param validator Reporting validator (bounty recipient).
+    /// @param validator Reporting validator (bounty recipient), or the zero address for no bounty.
     /// @param reason An identifier of the offence (the work key).
     /// @return slashed The amount actually taken.
     /// @return bounty The part of it paid to the validator.
@@ -277,8 +285,10 @@ contract ProviderRegistry is AccessControl, EIP712 {
             p.slashed += slashed;
             totalUnbonding -= fromUnbonding;
             totalStaked -= fromStaked;
-            bounty = slashed * bountyBps / 10_000;
-            if (bounty > maxBounty) bounty = maxBounty;
+            if (validator != address(0)) {
+                bounty = slashed * bountyBps / 10_000;
+                if (bounty > maxBounty) bounty = maxBounty;
+            }
         }
         emit Slashed(provider, validator, reason, slashed, fromUnbonding, fromStaked, bounty);
         if (bounty != 0) token.safeTransfer(validator, bounty);

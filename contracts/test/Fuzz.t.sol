@@ -188,7 +188,7 @@ contract FuzzTest is Fixture {
         uint256 nowTs = T0 + offset;
         vm.warp(nowTs);
         bool open = nowTs < deadline;
-        assertEq(ledger.isClaimable(poolId, k), !open);
+        assertEq(_isClaimable(poolId, k), !open);
 
         bool invalidated;
         bool claimed;
@@ -198,11 +198,12 @@ contract FuzzTest is Fixture {
         } else {
             claimed = _tryClaim(poolId, k, deadline, nowTs, open, false);
             if (claimed) {
+                bytes memory sig = _rolloutSig(poolId, k);
                 vm.expectRevert(
                     abi.encodeWithSelector(WorkLedger.AlreadySettled.selector, k, WorkLedger.RecordStatus.Claimed)
                 );
                 vm.prank(VALIDATOR);
-                ledger.invalidateWork(poolId, k, bytes32(0), true);
+                ledger.invalidateWork(poolId, k, bytes32(0), true, sig);
             } else {
                 invalidated = _tryInvalidate(poolId, k, deadline, nowTs, open);
             }
@@ -219,13 +220,14 @@ contract FuzzTest is Fixture {
         internal
         returns (bool)
     {
+        bytes memory sig = _rolloutSig(poolId, k);
         if (!open) {
             vm.expectRevert(
                 abi.encodeWithSelector(WorkLedger.DeadlinePassed.selector, k, uint40(deadline), uint64(nowTs))
             );
         }
         vm.prank(VALIDATOR);
-        ledger.invalidateWork(poolId, k, bytes32(0), true);
+        ledger.invalidateWork(poolId, k, bytes32(0), true, sig);
         bool ok = ledger.getRecord(poolId, k).status == WorkLedger.RecordStatus.Disputed;
         assertEq(ok, open);
         if (ok) {
@@ -267,7 +269,7 @@ contract FuzzTest is Fixture {
         uint256 expected = _min(start + w, type(uint40).max);
         assertEq(uint256(ledger.getRecord(poolId, k).deadline), expected);
         // Never final at recording time.
-        assertFalse(ledger.isClaimable(poolId, k));
+        assertFalse(_isClaimable(poolId, k));
     }
 
     // ------------------------------------------------------------------ invites
@@ -397,5 +399,323 @@ contract FuzzTest is Fixture {
         assertEq(token.balanceOf(address(ledger)), budget - got);
         // What stays always covers what is owed to pending records, if it did before.
         if (budget >= owed) assertGe(uint256(ledger.poolAccount(poolId).budget), owed);
+    }
+}
+
+/// @notice Property tests of the dispute money rules (issue 38): the lapse fee, the time a reopened
+/// record gets back, the stake floor, committees drawn from the dispute's own validator set, and
+/// random dispute sequences that must never create, lose or double-pay a token.
+contract DisputeFuzzTest is Fixture {
+    uint256 internal constant T0 = 1_700_000_000;
+    address internal constant ARBITER = address(0xA4B1);
+    address internal constant DAVE = address(0xDA);
+
+    uint256 internal poolId;
+    address internal node1;
+    uint256 internal funded;
+    uint256 internal withdrawn;
+
+    function setUp() public override {
+        super.setUp();
+        vm.warp(T0);
+    }
+
+    /// @dev A started pool with `window`, the dispute terms given, ALICE's node in it, BOB a staked
+    /// challenger, everybody funded for bonds.
+    function _disputedPool(uint64 window, PoolManager.DisputeTerms memory d) internal {
+        PoolManager.PoolParams memory p = _params();
+        p.validationWindow = window;
+        poolId = _createPool(p);
+        vm.startPrank(POOL_OWNER);
+        pools.setDisputeTerms(poolId, d);
+        pools.startPool(poolId);
+        vm.stopPrank();
+        node1 = _member(poolId, ALICE, NODE1_PK, 1_000e18);
+        _registerProvider(BOB, 100e18);
+        _fundPool(poolId, 1e24);
+        funded = 1e24;
+        _give(ALICE, 1e24);
+        _give(BOB, 1e24);
+        _give(VALIDATOR, 1e24);
+        _give(JUROR1, 1e24);
+    }
+
+    function _challenge(address who, bytes32 k) internal {
+        bytes memory sig = _rolloutSig(poolId, k);
+        vm.prank(who);
+        ledger.challenge(poolId, k, bytes32("evidence"), sig);
+    }
+
+    // ------------------------------------------------------------------ lapse fee
+
+    /// @dev A lapsed challenge returns the bond less LAPSE_FEE_BPS of it (rounded down, so never more
+    /// than 10 %), the fee to the treasury; nothing else moves and the bonds held go back to zero.
+    function testFuzz_lapseFee(uint128 bond, uint64 votePeriod) public {
+        bond = uint128(bound(bond, 0, 1e24));
+        votePeriod = uint64(bound(votePeriod, 1, 90 days));
+        _disputedPool(WINDOW, PoolManager.DisputeTerms(1 days, votePeriod, 3, bond, address(0)));
+        bytes32 k = _recordOne(poolId, node1, 5);
+        uint256 bobBefore = token.balanceOf(BOB);
+        _challenge(BOB, k);
+        assertEq(ledger.bondsHeld(), bond);
+        assertEq(token.balanceOf(address(ledger)), uint256(ledger.poolAccount(poolId).budget) + bond);
+        vm.warp(T0 + votePeriod);
+        ledger.resolveLapsed(poolId, k);
+        uint256 fee = uint256(bond) * ledger.LAPSE_FEE_BPS() / 10_000;
+        assertLe(fee * 10, bond, "at most a tenth");
+        assertEq(token.balanceOf(BOB), bobBefore - fee);
+        assertEq(token.balanceOf(TREASURY), fee);
+        assertEq(ledger.bondsHeld(), 0);
+        assertEq(token.balanceOf(address(ledger)), uint256(ledger.poolAccount(poolId).budget));
+        assertEq(registry.getProvider(ALICE).slashed, 0);
+        assertTrue(ledger.getRecord(poolId, k).status == WorkLedger.RecordStatus.Pending);
+    }
+
+    /// @dev With no validator named (a slash no vote decided) the registry pays no bounty, whatever its
+    /// bounty parameters: the treasury gets the whole slash.
+    function testFuzz_slashWithoutValidatorPaysNoBounty(uint256 staked, uint256 amount, uint16 bps) public {
+        staked = bound(staked, MIN_STAKE, 1e30);
+        amount = bound(amount, 0, 2e30);
+        bps = uint16(bound(bps, 0, 5_000));
+        vm.prank(ADMIN);
+        registry.setParameters(UNBONDING, STAKE_PER_CU, MIN_STAKE, bps, type(uint256).max);
+        vm.prank(ADMIN);
+        registry.grantRole(SLASHER_ROLE, address(this));
+        _registerProvider(ALICE, staked);
+        (uint256 slashed, uint256 bounty) = registry.slash(ALICE, amount, address(0), bytes32("r"));
+        assertEq(slashed, amount < staked ? amount : staked);
+        assertEq(bounty, 0);
+        assertEq(token.balanceOf(TREASURY), slashed);
+        assertEq(token.balanceOf(address(0)), 0);
+    }
+
+    // ------------------------------------------------------------------ reopening
+
+    /// @dev A dispute that does not stand (overturned by the arbiter at any time, or a challenge that
+    /// lapses) gives the record back the time its window had left when the dispute opened, counted
+    /// from the verdict (never less than its old deadline); the stake stays locked until then and the
+    /// record is claimable exactly from then.
+    function testFuzz_reopenGivesBackTheTimeLeft(uint64 window, uint256 openAt, uint256 decideAt, bool lapse)
+        public
+    {
+        window = uint64(bound(window, 2, 30 days));
+        _disputedPool(window, PoolManager.DisputeTerms(1 days, 2 days, 3, 1e18, lapse ? address(0) : ARBITER));
+        bytes32 k = _recordOne(poolId, node1, 5);
+        uint256 deadline = T0 + window;
+        openAt = bound(openAt, T0, deadline - 1);
+        vm.warp(openAt);
+        _challenge(BOB, k);
+        uint256 voteEnd = openAt + 2 days;
+        decideAt = lapse ? bound(decideAt, voteEnd, voteEnd + 10 days) : bound(decideAt, openAt, voteEnd - 1);
+        vm.warp(decideAt);
+        if (lapse) {
+            ledger.resolveLapsed(poolId, k);
+        } else {
+            vm.prank(ARBITER);
+            ledger.vote(poolId, k, false);
+        }
+        uint256 expected = decideAt + (deadline - openAt);
+        if (expected < deadline) expected = deadline;
+        WorkLedger.Record memory r = ledger.getRecord(poolId, k);
+        assertTrue(r.status == WorkLedger.RecordStatus.Pending);
+        assertEq(uint256(r.deadline), expected);
+        assertGe(uint256(ledger.lockedUntil(ALICE)), expected);
+        vm.warp(expected - 1);
+        assertFalse(_isClaimable(poolId, k));
+        vm.warp(expected);
+        assertTrue(_isClaimable(poolId, k));
+        assertEq(_claim(poolId, ALICE, k), 5 * uint256(RATE));
+    }
+
+    // ------------------------------------------------------------------ stake floor
+
+    /// @dev Joining pools one after the other succeeds exactly while the stake covers the sum of their
+    /// minimums; the floor is that sum.
+    function testFuzz_floorIsTheSumOfMinimums(uint256[3] memory mins, uint256 stakeAmount) public {
+        stakeAmount = bound(stakeAmount, MIN_STAKE, 1_500e18);
+        _registerProvider(ALICE, stakeAmount);
+        uint256 floor;
+        for (uint256 i; i < 3; ++i) {
+            mins[i] = bound(mins[i], 0, 600e18);
+            PoolManager.PoolParams memory p = _params();
+            p.minStake = mins[i];
+            uint256 id = _createActivePool(p);
+            address node = _addNode(ALICE, 0x5000 + i, 1);
+            uint64 expiry = uint64(block.timestamp + 1 hours);
+            bytes memory invite = _inviteSig(COORD_PK, id, node, i + 1, expiry);
+            bool fits = stakeAmount >= floor + mins[i];
+            if (!fits) {
+                vm.expectRevert(abi.encodeWithSelector(PoolManager.StakeTooLow.selector, stakeAmount, floor + mins[i]));
+            }
+            vm.prank(ALICE);
+            pools.joinPool(id, node, i + 1, expiry, invite);
+            if (fits) floor += mins[i];
+            assertEq(pools.stakeFloor(ALICE), floor);
+        }
+        uint256 cu = registry.getProvider(ALICE).computeUnits * STAKE_PER_CU;
+        assertEq(registry.requiredStake(ALICE), floor > cu ? floor : cu);
+    }
+
+    // ------------------------------------------------------------------ committees
+
+    /// @dev Validators named before the record (`before` of them besides the four of the fixture) and
+    /// after it (`late`), the set changed again after the dispute opened: the committee comes from the
+    /// set the dispute opened under, holds no party and nobody named after the record, and has
+    /// min(3, eligible) members, or every eligible one once the seed block is more than 256 blocks old.
+    function testFuzz_committeeComesFromTheDisputesOwnSet(uint8 before, uint8 late, uint256 wait, bool appealed)
+        public
+    {
+        before = uint8(bound(before, 0, 6));
+        late = uint8(bound(late, 0, 6));
+        wait = bound(wait, 1, 600);
+        _disputedPool(WINDOW, PoolManager.DisputeTerms(1 days, 1 days, 3, 1e18, address(0)));
+        vm.startPrank(POOL_OWNER);
+        for (uint160 i; i < before; ++i) {
+            pools.addValidator(poolId, address(0x7000 + i));
+        }
+        vm.stopPrank();
+        bytes32 k = _recordOne(poolId, node1, 5);
+        vm.warp(T0 + 1);
+        vm.startPrank(POOL_OWNER);
+        for (uint160 i; i < late; ++i) {
+            pools.addValidator(poolId, address(0x7100 + i));
+        }
+        vm.stopPrank();
+        (address[] memory vs, uint64[] memory since) = pools.validatorEntries(poolId);
+        if (appealed) {
+            bytes memory sig = _rolloutSig(poolId, k);
+            vm.prank(VALIDATOR);
+            ledger.invalidateWork(poolId, k, bytes32(0), true, sig);
+            vm.prank(POOL_OWNER);
+            pools.removeValidator(poolId, JUROR1); // after the accusation: JUROR1 stays a candidate
+            vm.prank(ALICE);
+            ledger.appeal(poolId, k);
+        } else {
+            _challenge(BOB, k);
+            vm.prank(POOL_OWNER);
+            pools.addValidator(poolId, address(0x7200)); // after the challenge: not a candidate
+        }
+        vm.roll(block.number + wait);
+        ledger.drawCommittee(poolId, k, vs, since);
+        uint256 eligible = 3 + before + (appealed ? 0 : 1); // the fixture's four, less the accuser
+        WorkLedger.Dispute memory x = ledger.getDispute(poolId, k);
+        assertTrue(x.drawn);
+        uint256 want = wait > 256 || eligible < 3 ? eligible : 3;
+        assertEq(uint256(x.size), want);
+        uint256 seated;
+        for (uint256 i; i < vs.length; ++i) {
+            if (ledger.jurorState(poolId, k, vs[i]) == 0) continue;
+            seated++;
+            assertLe(uint256(since[i]), T0, "nobody named after the record");
+            assertTrue(vs[i] != x.accuser && vs[i] != ALICE, "no party");
+        }
+        assertEq(seated, want);
+        assertEq(ledger.jurorState(poolId, k, address(0x7200)), 0);
+    }
+
+    // ------------------------------------------------------------------ random sequences
+
+    /// @dev A random sequence of dispute actions on a handful of records (soft and hard accusations,
+    /// challenges with good and forged signatures, appeals, draws, votes, lapses, finalizations,
+    /// claims, surplus withdrawals and time) never creates or loses a token: after every step the
+    /// ledger holds the budget plus the bonds, the budget plus what was claimed and forfeited equals
+    /// what was funded less what was withdrawn, the budget covers every pending record, and no record
+    /// is claimable while a dispute of it is open.
+    /// forge-config: default.fuzz.runs = 64
+    function testFuzz_disputeSequencesConserveTokens(uint256 seed) public {
+        _disputedPool(6 hours, PoolManager.DisputeTerms(1 hours, 1 hours, 3, 7e18, address(0)));
+        _registerProvider(CAROL, 100e18);
+        _give(CAROL, 1e24);
+        bytes32[] memory ks = new bytes32[](5);
+        for (uint256 i; i < ks.length; ++i) {
+            ks[i] = _recordOne(poolId, node1, uint48(1 + i * 1_000));
+        }
+        for (uint256 step; step < 60; ++step) {
+            seed = uint256(keccak256(abi.encode(seed, step)));
+            _randomAction(seed, ks[(seed >> 8) % ks.length]);
+            _assertMoneyAddsUp(ks);
+        }
+    }
+
+    function _randomAction(uint256 seed, bytes32 k) internal {
+        uint256 what = seed % 13;
+        address accuser = [VALIDATOR, JUROR1][(seed >> 16) % 2];
+        address challenger = [BOB, CAROL][(seed >> 24) % 2];
+        bytes memory sig =
+            (seed >> 32) % 8 == 0 ? _sign(0xF0F0, ledger.rolloutDigest(poolId, k)) : _rolloutSig(poolId, k);
+        if (what == 0 || what == 1) {
+            vm.prank(accuser);
+            try ledger.invalidateWork(poolId, k, bytes32(seed), what == 1, what == 1 ? sig : bytes("")) {} catch {}
+        } else if (what == 2) {
+            vm.prank(challenger);
+            try ledger.challenge(poolId, k, bytes32(seed), sig) {} catch {}
+        } else if (what == 3) {
+            vm.prank(ALICE);
+            try ledger.appeal(poolId, k) {} catch {}
+        } else if (what == 4 || what == 5) {
+            vm.roll(block.number + 1 + (seed >> 40) % 300);
+            (address[] memory vs, uint64[] memory since) = pools.validatorEntries(poolId);
+            try ledger.drawCommittee(poolId, k, vs, since) {} catch {}
+            _voteSomehow(seed, k);
+        } else if (what == 6) {
+            try ledger.resolveLapsed(poolId, k) {} catch {}
+        } else if (what == 7) {
+            try ledger.finalizeInvalidation(poolId, k) {} catch {}
+        } else if (what == 8) {
+            vm.prank(ALICE);
+            try ledger.claim(poolId, _keys1(k)) {} catch {}
+        } else if (what == 9) {
+            uint256 s = ledger.surplus(poolId);
+            uint256 amount = s == 0 ? 1 : 1 + (seed >> 64) % s;
+            vm.prank(POOL_OWNER);
+            try ledger.withdrawSurplus(poolId, amount, POOL_OWNER) {
+                withdrawn += amount;
+            } catch {}
+        } else {
+            vm.warp(block.timestamp + (seed >> 72) % 2 hours);
+        }
+    }
+
+    /// @dev A juror votes on `k`: usually one drawn to its committee, else any of the pool's validators.
+    function _voteSomehow(uint256 seed, bytes32 k) internal {
+        address[4] memory js = [VALIDATOR, JUROR1, JUROR2, JUROR3];
+        address juror = js[(seed >> 48) % 4];
+        for (uint256 j; j < 4 && (seed >> 50) % 4 != 0; ++j) {
+            address cand = js[(j + (seed >> 48)) % 4];
+            if (ledger.jurorState(poolId, k, cand) == 1) {
+                juror = cand;
+                break;
+            }
+        }
+        vm.prank(juror);
+        try ledger.vote(poolId, k, (seed >> 56) % 3 != 0) {} catch {}
+    }
+
+    function _assertMoneyAddsUp(bytes32[] memory ks) internal view {
+        WorkLedger.PoolAccount memory a = ledger.poolAccount(poolId);
+        assertEq(token.balanceOf(address(ledger)), uint256(a.budget) + ledger.bondsHeld(), "ledger = budget + bonds");
+        assertEq(
+            uint256(a.budget) + a.claimedTokens + a.forfeitedTokens, funded - withdrawn, "budget accounting"
+        );
+        assertGe(uint256(a.budget), uint256(a.pendingUnits) * RATE, "pending rewards reserved");
+        assertEq(uint256(a.forfeitedTokens), uint256(a.invalidatedUnits) * RATE, "revoked rewards forfeited");
+        assertEq(
+            uint256(a.recordedUnits), uint256(a.pendingUnits) + a.invalidatedUnits + a.claimedUnits, "units"
+        );
+        assertEq(token.balanceOf(address(registry)), registry.totalStaked() + registry.totalUnbonding(), "stake");
+        address[9] memory holders =
+            [ALICE, BOB, CAROL, VALIDATOR, JUROR1, TREASURY, POOL_OWNER, FUNDER, address(ledger)];
+        uint256 sum = token.balanceOf(address(registry));
+        for (uint256 i; i < holders.length; ++i) {
+            sum += token.balanceOf(holders[i]);
+        }
+        assertEq(sum, token.totalSupply(), "supply");
+        for (uint256 i; i < ks.length; ++i) {
+            WorkLedger.Dispute memory x = ledger.getDispute(poolId, ks[i]);
+            bool open = x.kind != WorkLedger.DisputeKind.None && x.verdict == WorkLedger.Verdict.Open;
+            WorkLedger.RecordStatus st = ledger.getRecord(poolId, ks[i]).status;
+            assertEq(open, st == WorkLedger.RecordStatus.Disputed, "disputed iff a dispute is open");
+            if (open) assertFalse(_isClaimable(poolId, ks[i]), "claimable while disputed");
+        }
     }
 }

@@ -164,42 +164,50 @@ contract GasScalingTest is GasBase {
         internal
         returns (uint256[7] memory g)
     {
-        (bytes32 k1, bytes32 k2, bytes32 k3) = (k[0], k[1], k[2]);
         WorkLedger l = ledger;
-        vm.startPrank(VALIDATOR);
-        l.invalidateWork(poolId, k1, bytes32(0), true);
-        l.invalidateWork(poolId, k3, bytes32(0), true);
-        vm.stopPrank();
+        bytes memory sig = _rolloutSig(poolId, k[0]);
+        vm.prank(VALIDATOR);
+        l.invalidateWork(poolId, k[0], bytes32(0), true, sig);
+        sig = _rolloutSig(poolId, k[2]);
+        vm.prank(VALIDATOR);
+        l.invalidateWork(poolId, k[2], bytes32(0), true, sig);
         vm.prank(provider);
         uint256 g0 = gasleft();
-        l.appeal(poolId, k1);
+        l.appeal(poolId, k[0]);
         g[0] = g0 - gasleft();
         vm.roll(block.number + 1);
-        g0 = gasleft();
-        l.drawCommittee(poolId, k1, pools.validatorsOf(poolId));
-        g[1] = g0 - gasleft();
-        address juror = l.jurorState(poolId, k1, JUROR1) == 1 ? JUROR1 : JUROR2;
+        g[1] = _drawGas(poolId, k[0]);
+        address juror = l.jurorState(poolId, k[0], JUROR1) == 1 ? JUROR1 : JUROR2;
         vm.prank(juror);
         g0 = gasleft();
-        l.vote(poolId, k1, true);
+        l.vote(poolId, k[0], true);
         g[2] = g0 - gasleft();
+        sig = _rolloutSig(poolId, k[1]);
         vm.prank(challenger);
         g0 = gasleft();
-        l.challenge(poolId, k2, bytes32(0));
+        l.challenge(poolId, k[1], bytes32(0), sig);
         g[3] = g0 - gasleft();
         vm.prank(VALIDATOR);
         g0 = gasleft();
-        l.invalidateWork(poolId, k[3], bytes32(0), false);
+        l.invalidateWork(poolId, k[3], bytes32(0), false, "");
         g[5] = g0 - gasleft();
         uint256 t = block.timestamp;
         vm.warp(t + 1 days);
         g0 = gasleft();
-        l.finalizeInvalidation(poolId, k3);
+        l.finalizeInvalidation(poolId, k[2]);
         g[4] = g0 - gasleft();
         g0 = gasleft();
-        l.resolveLapsed(poolId, k2);
+        l.resolveLapsed(poolId, k[1]);
         g[6] = g0 - gasleft();
         vm.warp(t);
+    }
+
+    function _drawGas(uint256 poolId, bytes32 key) internal returns (uint256 used) {
+        WorkLedger l = ledger;
+        (address[] memory vs, uint64[] memory since) = pools.validatorEntries(poolId);
+        uint256 g = gasleft();
+        l.drawCommittee(poolId, key, vs, since);
+        used = g - gasleft();
     }
 
     /// @dev The owner's addValidator, removeValidator and rotateCoordinator cost the same in a pool of
@@ -330,9 +338,10 @@ contract GasScalingTest is GasBase {
 
     function _gasInvalidate(uint256 poolId, bytes32 key) internal returns (uint256 used) {
         WorkLedger l = ledger;
+        bytes memory sig = _rolloutSig(poolId, key);
         vm.prank(VALIDATOR);
         uint256 g = gasleft();
-        l.invalidateWork(poolId, key, bytes32(uint256(1)), true);
+        l.invalidateWork(poolId, key, bytes32(uint256(1)), true, sig);
         used = g - gasleft();
     }
 

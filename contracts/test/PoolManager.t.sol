@@ -416,6 +416,64 @@ contract PoolManagerTest is Fixture {
         assertTrue(pools.isMember(id, node1));
     }
 
+    /// @dev Issue 38: a provider's stake must cover the minimum of every pool its nodes are in (each
+    /// pool's minimum is stake that pool alone can slash); a pool's minimum counts once however many
+    /// of the provider's nodes are in it, and leaves the floor with the last of them.
+    function test_joinPool_stakeMustCoverTheSumOfThePoolsMinimums() public {
+        _join(poolId, ALICE, NODE1_PK);
+        assertEq(pools.stakeFloor(ALICE), POOL_MIN_STAKE);
+        _join(poolId, ALICE, NODE2_PK);
+        assertEq(pools.stakeFloor(ALICE), POOL_MIN_STAKE, "one pool, one minimum");
+        PoolManager.PoolParams memory p = _params();
+        p.minStake = 150e18;
+        uint256 id = _createActivePool(p);
+        address node3 = _addNode(ALICE, NODE3_PK, 1);
+        uint64 expiry = uint64(block.timestamp + 1 hours);
+        bytes memory sig = _inviteSig(COORD_PK, id, node3, 1, expiry);
+        vm.expectRevert(abi.encodeWithSelector(PoolManager.StakeTooLow.selector, 200e18, 250e18));
+        vm.prank(ALICE);
+        pools.joinPool(id, node3, 1, expiry, sig);
+        _give(ALICE, 50e18);
+        vm.prank(ALICE);
+        registry.stake(50e18);
+        vm.prank(ALICE);
+        pools.joinPool(id, node3, 1, expiry, sig);
+        assertEq(pools.stakeFloor(ALICE), 250e18);
+        assertEq(registry.requiredStake(ALICE), 250e18);
+        vm.prank(ALICE);
+        pools.leavePool(poolId, node1);
+        assertEq(pools.stakeFloor(ALICE), 250e18, "node2 still in the first pool");
+        vm.prank(ALICE);
+        pools.leavePool(poolId, node2);
+        assertEq(pools.stakeFloor(ALICE), 150e18);
+        vm.prank(COORD);
+        pools.ejectNode(id, node3);
+        assertEq(pools.stakeFloor(ALICE), 0);
+    }
+
+    /// @dev The validator set and when each validator was named: what a dispute's committee is drawn
+    /// from (`validatorSetHash` hashes both).
+    function test_validatorEntries_recordWhenEachWasNamed() public {
+        (address[] memory vs, uint64[] memory since) = pools.validatorEntries(poolId);
+        assertEq(vs.length, 4);
+        assertEq(since.length, 4);
+        assertEq(pools.validatorSetHash(poolId), keccak256(abi.encode(vs, since)));
+        vm.warp(block.timestamp + 5);
+        vm.prank(POOL_OWNER);
+        pools.addValidator(poolId, address(0x77));
+        assertEq(uint256(pools.validatorSince(poolId, address(0x77))), block.timestamp);
+        vm.prank(POOL_OWNER);
+        pools.removeValidator(poolId, VALIDATOR);
+        (vs, since) = pools.validatorEntries(poolId);
+        assertEq(vs[0], address(0x77), "the last entry moved into the freed slot");
+        assertEq(uint256(since[0]), block.timestamp, "with its time");
+        assertEq(pools.validatorSince(poolId, VALIDATOR), 0);
+        assertEq(pools.validatorSetHash(poolId), keccak256(abi.encode(vs, since)));
+        vm.prank(POOL_OWNER);
+        uint256 empty = pools.createPool(_params());
+        assertEq(pools.validatorSetHash(empty), keccak256(abi.encode(new address[](0), new uint64[](0))));
+    }
+
     // ------------------------------------------------------------------ leavePool
 
     function test_leavePool() public {

@@ -511,6 +511,25 @@ contract ProviderRegistryTest is Fixture {
         assertEq(r.providerOf(node), address(0));
     }
 
+    /// @dev Issue 38: a node stays bound while its provider's stake is locked (recorded work still
+    /// open, or a dispute of it), so a slash can always check that the work's signer is the provider's.
+    function test_removeNode_revertsWhileStakeLocked() public {
+        uint256 id = _createActivePool();
+        _fundPool(id, 1e24);
+        address node = _member(id, ALICE, NODE1_PK, 200e18);
+        _recordOne(id, node, 1);
+        vm.prank(ALICE);
+        pools.leavePool(id, node);
+        uint64 until = uint64(block.timestamp + WINDOW);
+        vm.expectRevert(abi.encodeWithSelector(ProviderRegistry.StakeLocked.selector, until, uint64(block.timestamp)));
+        vm.prank(ALICE);
+        registry.removeNode(node);
+        vm.warp(until);
+        vm.prank(ALICE);
+        registry.removeNode(node);
+        assertEq(registry.providerOf(node), address(0));
+    }
+
     // ------------------------------------------------------------------ slash
 
     function test_slash_takesUnbondingFirst() public {
@@ -535,6 +554,19 @@ contract ProviderRegistryTest is Fixture {
         assertEq(token.balanceOf(VALIDATOR), 8e18);
         assertEq(token.balanceOf(TREASURY), 72e18);
         assertEq(token.balanceOf(address(registry)), 120e18);
+    }
+
+    /// @dev With no validator (a slash no vote decided) nobody gets a bounty: the treasury gets it all.
+    function test_slash_withoutValidatorPaysNoBounty() public {
+        _registerProvider(ALICE, 200e18);
+        bytes32 reason = keccak256("work");
+        vm.expectEmit(true, true, true, true, address(registry));
+        emit ProviderRegistry.Slashed(ALICE, address(0), reason, 80e18, 0, 80e18, 0);
+        vm.prank(SLASHER);
+        (uint256 slashed, uint256 bounty) = registry.slash(ALICE, 80e18, address(0), reason);
+        assertEq(slashed, 80e18);
+        assertEq(bounty, 0);
+        assertEq(token.balanceOf(TREASURY), 80e18);
     }
 
     function test_slash_onlyFromUnbondingWhenEnough() public {

@@ -7,9 +7,10 @@ import {PoolManager} from "../src/PoolManager.sol";
 import {WorkLedger} from "../src/WorkLedger.sol";
 
 /// @notice The attacks on stake from the economics issue, each one a test that now fails to cheat:
-/// unstaking below a pool's minimum, working on after a slash to zero, and leaving with the stake
-/// before an invalidation lands. (Unreserved rewards and a claim batch blocked by one record are in
-/// WorkLedger.t.sol: `test_recordWork_revertsWhenBudgetShort`, `test_claim_oneBadKeyDoesNotBlockTheBatch`.)
+/// unstaking below a pool's minimum, one stake backing several pools, working on after a slash, and
+/// leaving with the stake (or unbinding the node) before an invalidation lands. (Unreserved rewards
+/// and a claim batch blocked by one record are in WorkLedger.t.sol: `test_recordWork_revertsWhenBudgetShort`,
+/// `test_claim_oneBadKeyDoesNotBlockTheBatch`.)
 contract StakeBacksWorkTest is Fixture {
     uint256 internal constant T0 = 1_700_000_000;
     uint256 internal poolId;
@@ -39,27 +40,97 @@ contract StakeBacksWorkTest is Fixture {
         assertEq(registry.stakeOf(ALICE), POOL_MIN_STAKE);
     }
 
-    /// @dev The floor is the highest minimum among the provider's pools, and it falls only when the
-    /// provider's last node leaves.
-    function test_floorIsTheHighestMinimumUntilTheLastMembershipEnds() public {
+    /// @dev The floor is the sum of the minimums of the distinct pools the provider's nodes are in (each
+    /// pool's minimum is stake that pool alone can slash): a pool's minimum counts once however many of
+    /// the provider's nodes are in it, and leaves the floor with the provider's last node there.
+    function test_floorIsTheSumOfThePoolsMinimums() public {
         PoolManager.PoolParams memory p = _params();
         p.minStake = 300e18;
         uint256 big = _createActivePool(p);
-        _give(ALICE, 200e18);
-        vm.prank(ALICE);
-        registry.stake(200e18);
         _addNode(ALICE, NODE2_PK, 1);
+        _addNode(ALICE, NODE3_PK, 1);
+        // 100 staked covers the first pool only: the second needs 100 + 300.
+        uint64 expiry = uint64(block.timestamp + 1);
+        bytes memory invite = _inviteSig(COORD_PK, big, vm.addr(NODE2_PK), 999, expiry);
+        vm.expectRevert(abi.encodeWithSelector(PoolManager.StakeTooLow.selector, 100e18, 400e18));
+        vm.prank(ALICE);
+        pools.joinPool(big, vm.addr(NODE2_PK), 999, expiry, invite);
+        _give(ALICE, 300e18);
+        vm.prank(ALICE);
+        registry.stake(300e18);
         _join(big, ALICE, NODE2_PK);
-        assertEq(pools.stakeFloor(ALICE), 300e18);
+        assertEq(pools.stakeFloor(ALICE), 400e18);
+        assertEq(registry.requiredStake(ALICE), 400e18);
+        _join(big, ALICE, NODE3_PK); // a second node in the same pool: its minimum counts once
+        assertEq(pools.stakeFloor(ALICE), 400e18);
+        vm.expectRevert(abi.encodeWithSelector(ProviderRegistry.StakeTooLow.selector, 399e18, 400e18));
+        vm.prank(ALICE);
+        registry.unstake(1e18);
         vm.prank(ALICE);
         pools.leavePool(big, vm.addr(NODE2_PK));
-        assertEq(pools.stakeFloor(ALICE), 300e18, "still in a pool: the floor holds");
+        assertEq(pools.stakeFloor(ALICE), 400e18, "another node still in the big pool");
+        vm.prank(ALICE);
+        pools.leavePool(big, vm.addr(NODE3_PK));
+        assertEq(pools.stakeFloor(ALICE), POOL_MIN_STAKE, "the big pool's minimum left with its last node");
         vm.prank(COORD);
         pools.ejectNode(poolId, node1);
         assertEq(pools.stakeFloor(ALICE), 0);
         vm.prank(ALICE);
-        registry.unstake(280e18); // only the compute units' 20e18 must stay
-        assertEq(registry.stakeOf(ALICE), 20e18);
+        registry.unstake(370e18); // only the compute units' 30e18 must stay
+        assertEq(registry.stakeOf(ALICE), 30e18);
+    }
+
+    /// @dev Attack (issue 38): a slash in one pool leaves the stake below the sum of the provider's
+    /// pools' minimums; its work in its other pools is refused until it tops the stake up, although
+    /// what is left still covers each pool's minimum alone.
+    function test_noWorkRecordedBelowTheFloorAfterASlashElsewhere() public {
+        PoolManager.PoolParams memory p = _params();
+        p.slashAmount = 100e18;
+        uint256 second = _createActivePool(p);
+        _fundPool(second, 1e24);
+        _give(ALICE, 100e18);
+        vm.prank(ALICE);
+        registry.stake(100e18); // 200: both minimums
+        address n2 = _addNode(ALICE, NODE2_PK, 1);
+        _join(second, ALICE, NODE2_PK);
+        assertEq(pools.stakeFloor(ALICE), 200e18);
+        bytes32 k = _recordOne(second, n2, 5);
+        _slashNow(second, k, keccak256("evidence"));
+        assertEq(registry.stakeOf(ALICE), 100e18, "still the first pool's minimum");
+        assertEq(ledger.recordable(poolId, node1), 2);
+        bytes32 next = _newKey();
+        vm.expectRevert(
+            abi.encodeWithSelector(WorkLedger.StakeBelowMinimum.selector, poolId, node1, 100e18, 200e18)
+        );
+        _record(poolId, _batch1(node1, next, 5));
+        _give(ALICE, 100e18);
+        vm.prank(ALICE);
+        registry.stake(100e18);
+        assertEq(ledger.recordable(poolId, node1), 0);
+        _record(poolId, _batch1(node1, next, 5));
+    }
+
+    /// @dev A node cannot be unbound while its provider's stake is locked: a slash needs a signature of
+    /// a node still bound to the provider, so unbinding must not make the provider's work unslashable.
+    function test_noNodeRemovedWhileTheStakeIsLocked() public {
+        bytes32 k = _recordOne(poolId, node1, 5);
+        vm.prank(ALICE);
+        pools.leavePool(poolId, node1);
+        vm.expectRevert(abi.encodeWithSelector(ProviderRegistry.StakeLocked.selector, uint64(T0 + WINDOW), T0));
+        vm.prank(ALICE);
+        registry.removeNode(node1);
+        vm.prank(VALIDATOR);
+        ledger.invalidateWork(poolId, k, bytes32(0), false, "");
+        vm.warp(T0 + 100 days);
+        vm.expectRevert(
+            abi.encodeWithSelector(ProviderRegistry.StakeLocked.selector, type(uint64).max, T0 + 100 days)
+        );
+        vm.prank(ALICE);
+        registry.removeNode(node1);
+        ledger.finalizeInvalidation(poolId, k);
+        vm.prank(ALICE);
+        registry.removeNode(node1);
+        assertEq(registry.providerOf(node1), address(0));
     }
 
     /// @dev Attack: a provider slashed to zero stays a member and its next work is recorded and paid.
@@ -120,8 +191,7 @@ contract StakeBacksWorkTest is Fixture {
 
         vm.startPrank(BOB);
         pools.leavePool(slow, n);
-        registry.removeNode(n);
-        registry.unstake(100e18);
+        registry.unstake(90e18); // the node stays bound while the stake is locked: 10e18 for its unit
         vm.stopPrank();
         vm.warp(T0 + UNBONDING + 1);
         vm.expectRevert(abi.encodeWithSelector(ProviderRegistry.StakeLocked.selector, deadline, T0 + UNBONDING + 1));
@@ -135,7 +205,7 @@ contract StakeBacksWorkTest is Fixture {
         vm.warp(deadline);
         vm.prank(BOB);
         registry.withdraw();
-        assertEq(token.balanceOf(BOB), 100e18 - SLASH);
+        assertEq(token.balanceOf(BOB), 90e18 - SLASH);
     }
 
     /// @dev The lock only moves forward: a later batch extends it, an earlier deadline never shortens it.
@@ -145,9 +215,9 @@ contract StakeBacksWorkTest is Fixture {
         uint256 slow = _createActivePool(p);
         _fundPool(slow, 1e24);
         _addNode(ALICE, NODE2_PK, 1);
-        _give(ALICE, 10e18);
+        _give(ALICE, 100e18);
         vm.prank(ALICE);
-        registry.stake(10e18);
+        registry.stake(100e18); // both pools' minimums
         _join(slow, ALICE, NODE2_PK);
         _recordOne(slow, vm.addr(NODE2_PK), 1);
         assertEq(ledger.lockedUntil(ALICE), T0 + 10 days);
@@ -179,8 +249,7 @@ contract StakeBacksWorkTest is Fixture {
         _recordOne(id, n, 5);
         vm.startPrank(BOB);
         pools.leavePool(id, n);
-        registry.removeNode(n);
-        registry.unstake(100e18);
+        registry.unstake(90e18);
         vm.stopPrank();
         at = bound(at, T0, T0 + 2 * uint256(window) + UNBONDING);
         vm.warp(at);

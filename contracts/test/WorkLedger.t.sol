@@ -74,7 +74,7 @@ contract WorkLedgerTest is Fixture {
         assertEq(uint256(a.invalidatedUnits), 0);
         assertEq(uint256(a.claimedUnits), 0);
         assertEq(uint256(a.budget), BUDGET);
-        assertFalse(ledger.isClaimable(poolId, k1));
+        assertFalse(_isClaimable(poolId, k1));
         assertEq(ledger.surplus(poolId), BUDGET - 600 * uint256(RATE));
     }
 
@@ -227,13 +227,17 @@ contract WorkLedgerTest is Fixture {
         _join(id, CAROL, 0x3333);
         bytes32 k = _recordOne(id, n, 1);
         assertEq(uint256(ledger.getRecord(id, k).deadline), type(uint40).max);
-        assertFalse(ledger.isClaimable(id, k));
+        assertFalse(_isClaimable(id, k));
         vm.expectRevert(abi.encodeWithSelector(WorkLedger.NothingToClaim.selector, id));
         vm.prank(CAROL);
         ledger.claim(id, _keys1(k));
-        // And it can still be invalidated.
-        _slashNow(id, k, bytes32(0));
-        assertTrue(ledger.getRecord(id, k).status == WorkLedger.RecordStatus.Invalidated);
+        // Known limitation (reported with issue 38): the ledger derives a record's recording time as
+        // `deadline - window`, which a saturated deadline no longer gives (here it is 0), so every
+        // validator counts as named after the work (only a window of some 35,000 years saturates).
+        bytes memory sig = _rolloutSig(id, k);
+        vm.expectRevert(abi.encodeWithSelector(WorkLedger.NamedAfterWork.selector, k, uint64(T0), uint40(0)));
+        vm.prank(VALIDATOR);
+        ledger.invalidateWork(id, k, bytes32(0), true, sig);
     }
 
     // ------------------------------------------------------------------ invalidateWork
@@ -244,22 +248,28 @@ contract WorkLedgerTest is Fixture {
         vm.warp(T0 + WINDOW - 1);
         bytes32 evidence = keccak256("evidence");
         // A hard invalidation is an accusation first: nothing is slashed during the appeal period.
+        bytes memory sig = _rolloutSig(poolId, k);
         vm.expectEmit(true, true, true, true, address(ledger));
         emit WorkLedger.WorkAccused(poolId, k, VALIDATOR, ALICE, evidence, uint40(T0 + WINDOW - 1 + 1 days), 0);
         vm.prank(VALIDATOR);
-        ledger.invalidateWork(poolId, k, evidence, true);
+        ledger.invalidateWork(poolId, k, evidence, true, sig);
         assertTrue(_status(k) == WorkLedger.RecordStatus.Disputed);
         assertEq(registry.stakeOf(ALICE), 200e18);
+        assertEq(uint256(ledger.poolAccount(poolId).pendingUnits), 140, "still reserved while disputed");
         vm.expectRevert(
             abi.encodeWithSelector(WorkLedger.AppealPeriodNotOver.selector, k, uint40(T0 + WINDOW - 1 + 1 days))
         );
         ledger.finalizeInvalidation(poolId, k);
-        // Unappealed, anyone makes it final: 50e18 slashed from ALICE's 200e18 stake; bounty 10%.
+        // Unappealed, anyone makes it final: the reserved reward goes to the treasury, 50e18 is slashed
+        // from ALICE's 200e18 stake, all of it to the treasury (no vote decided it: no bounty).
         vm.warp(T0 + WINDOW - 1 + 1 days);
-        vm.expectEmit(true, true, true, true, address(registry));
-        emit ProviderRegistry.Slashed(ALICE, VALIDATOR, k, 50e18, 0, 50e18, 5e18);
+        uint256 reward = 100 * uint256(RATE);
         vm.expectEmit(true, true, true, true, address(ledger));
-        emit WorkLedger.WorkInvalidated(poolId, k, VALIDATOR, ALICE, 100, bytes32(0), 50e18, 5e18);
+        emit WorkLedger.RewardForfeited(poolId, k, TREASURY, reward);
+        vm.expectEmit(true, true, true, true, address(registry));
+        emit ProviderRegistry.Slashed(ALICE, address(0), k, 50e18, 0, 50e18, 0);
+        vm.expectEmit(true, true, true, true, address(ledger));
+        emit WorkLedger.WorkInvalidated(poolId, k, VALIDATOR, ALICE, 100, bytes32(0), 50e18, 0);
         vm.prank(STRANGER);
         ledger.finalizeInvalidation(poolId, k);
 
@@ -268,13 +278,16 @@ contract WorkLedgerTest is Fixture {
         assertEq(uint256(a.pendingUnits), 40);
         assertEq(uint256(a.invalidatedUnits), 100);
         assertEq(uint256(a.recordedUnits), 140);
+        assertEq(uint256(a.forfeitedTokens), reward);
+        assertEq(uint256(a.budget), BUDGET - reward, "a revoked reward leaves the budget");
         assertEq(registry.stakeOf(ALICE), 150e18);
         assertEq(registry.getProvider(ALICE).slashed, 50e18);
-        assertEq(token.balanceOf(VALIDATOR), 5e18);
-        assertEq(token.balanceOf(TREASURY), 45e18);
-        assertFalse(ledger.isClaimable(poolId, k));
-        // Surplus grows: the invalidated units are no longer owed.
-        assertEq(ledger.surplus(poolId), BUDGET - 40 * uint256(RATE));
+        assertEq(token.balanceOf(VALIDATOR), 0, "no bounty for an unappealed accusation");
+        assertEq(token.balanceOf(TREASURY), 50e18 + reward);
+        assertEq(token.balanceOf(address(ledger)), BUDGET - reward);
+        assertFalse(_isClaimable(poolId, k));
+        // Surplus does not grow: the revoked reward went to the treasury, not back to the pool.
+        assertEq(ledger.surplus(poolId), BUDGET - reward - 40 * uint256(RATE));
     }
 
     function test_invalidateWork_slashesUnbondingFirst() public {
@@ -307,8 +320,9 @@ contract WorkLedgerTest is Fixture {
         address n = _addNode(CAROL, 0x3333, 1);
         _join(id, CAROL, 0x3333);
         bytes32 k = _recordOne(id, n, 3);
+        bytes memory sig = _rolloutSig(id, k);
         vm.prank(VALIDATOR);
-        ledger.invalidateWork(id, k, bytes32(0), true);
+        ledger.invalidateWork(id, k, bytes32(0), true, sig);
         vm.warp(block.timestamp + 1 days);
         vm.expectEmit(true, true, true, true, address(ledger));
         emit WorkLedger.WorkInvalidated(id, k, VALIDATOR, CAROL, 3, bytes32(0), 0, 0);
@@ -319,34 +333,37 @@ contract WorkLedgerTest is Fixture {
 
     function test_invalidateWork_revertsForNonValidator() public {
         bytes32 k = _recordOne(poolId, node1, 1);
+        bytes memory sig = _rolloutSig(poolId, k);
         vm.expectRevert(abi.encodeWithSelector(WorkLedger.NotValidator.selector, poolId, COORD));
         vm.prank(COORD);
-        ledger.invalidateWork(poolId, k, bytes32(0), true);
+        ledger.invalidateWork(poolId, k, bytes32(0), true, sig);
         vm.expectRevert(abi.encodeWithSelector(WorkLedger.NotValidator.selector, poolId, ADMIN));
         vm.prank(ADMIN);
-        ledger.invalidateWork(poolId, k, bytes32(0), false);
+        ledger.invalidateWork(poolId, k, bytes32(0), false, "");
     }
 
     function test_invalidateWork_revertsForUnknownWork() public {
         bytes32 k = _recordOne(poolId, node1, 1);
         vm.expectRevert(abi.encodeWithSelector(WorkLedger.UnknownWork.selector, poolId, bytes32(uint256(123))));
         vm.prank(VALIDATOR);
-        ledger.invalidateWork(poolId, bytes32(uint256(123)), bytes32(0), true);
+        ledger.invalidateWork(poolId, bytes32(uint256(123)), bytes32(0), true, "");
         // The key is known only in its own pool.
         uint256 other = _createActivePool();
+        bytes memory sig = _rolloutSig(poolId, k);
         vm.expectRevert(abi.encodeWithSelector(WorkLedger.UnknownWork.selector, other, k));
         vm.prank(VALIDATOR);
-        ledger.invalidateWork(other, k, bytes32(0), true);
+        ledger.invalidateWork(other, k, bytes32(0), true, sig);
     }
 
     function test_invalidateWork_revertsWhenAlreadyInvalidated() public {
         bytes32 k = _recordOne(poolId, node1, 1);
         _invalidate(poolId, k);
+        bytes memory sig = _rolloutSig(poolId, k);
         vm.expectRevert(
             abi.encodeWithSelector(WorkLedger.AlreadySettled.selector, k, WorkLedger.RecordStatus.Invalidated)
         );
         vm.prank(VALIDATOR);
-        ledger.invalidateWork(poolId, k, bytes32(0), true);
+        ledger.invalidateWork(poolId, k, bytes32(0), true, sig);
         assertEq(registry.getProvider(ALICE).slashed, SLASH); // slashed once only
     }
 
@@ -354,32 +371,35 @@ contract WorkLedgerTest is Fixture {
         bytes32 k = _recordOne(poolId, node1, 1);
         vm.warp(T0 + WINDOW);
         _claim(poolId, ALICE, k);
+        bytes memory sig = _rolloutSig(poolId, k);
         vm.expectRevert(abi.encodeWithSelector(WorkLedger.AlreadySettled.selector, k, WorkLedger.RecordStatus.Claimed));
         vm.prank(VALIDATOR);
-        ledger.invalidateWork(poolId, k, bytes32(0), true);
+        ledger.invalidateWork(poolId, k, bytes32(0), true, sig);
     }
 
     function test_invalidateWork_revertsAtDeadline() public {
         bytes32 k = _recordOne(poolId, node1, 1);
         uint40 deadline = uint40(T0 + WINDOW);
+        bytes memory sig = _rolloutSig(poolId, k);
         vm.warp(deadline);
         vm.expectRevert(abi.encodeWithSelector(WorkLedger.DeadlinePassed.selector, k, deadline, uint64(deadline)));
         vm.prank(VALIDATOR);
-        ledger.invalidateWork(poolId, k, bytes32(0), true);
+        ledger.invalidateWork(poolId, k, bytes32(0), true, sig);
         vm.warp(uint256(deadline) + 1 days);
         vm.expectRevert(
             abi.encodeWithSelector(WorkLedger.DeadlinePassed.selector, k, deadline, uint64(deadline) + 1 days)
         );
         vm.prank(VALIDATOR);
-        ledger.invalidateWork(poolId, k, bytes32(0), true);
+        ledger.invalidateWork(poolId, k, bytes32(0), true, sig);
     }
 
     function test_invalidateWork_revertsWithoutSlasherRole() public {
         bytes32 k = _recordOne(poolId, node1, 1);
         vm.prank(ADMIN);
         registry.revokeRole(SLASHER_ROLE, address(ledger));
+        bytes memory sig = _rolloutSig(poolId, k);
         vm.prank(VALIDATOR);
-        ledger.invalidateWork(poolId, k, bytes32(0), true);
+        ledger.invalidateWork(poolId, k, bytes32(0), true, sig);
         vm.warp(block.timestamp + 1 days);
         vm.expectRevert(
             abi.encodeWithSelector(
@@ -397,7 +417,7 @@ contract WorkLedgerTest is Fixture {
         bytes32 k2 = _recordOne(poolId, node2, 50);
         bytes32 k3 = _recordOne(poolId, node3, 7);
         vm.warp(T0 + WINDOW);
-        assertTrue(ledger.isClaimable(poolId, k1));
+        assertTrue(_isClaimable(poolId, k1));
         bytes32[] memory ks = new bytes32[](2);
         ks[0] = k1;
         ks[1] = k2;
@@ -412,8 +432,8 @@ contract WorkLedgerTest is Fixture {
         assertEq(token.balanceOf(ALICE), reward);
         assertTrue(_status(k1) == WorkLedger.RecordStatus.Claimed);
         assertTrue(_status(k2) == WorkLedger.RecordStatus.Claimed);
-        assertFalse(ledger.isClaimable(poolId, k1));
-        assertTrue(ledger.isClaimable(poolId, k3));
+        assertFalse(_isClaimable(poolId, k1));
+        assertTrue(_isClaimable(poolId, k3));
         WorkLedger.PoolAccount memory a = ledger.poolAccount(poolId);
         assertEq(uint256(a.budget), BUDGET - reward);
         assertEq(uint256(a.claimedTokens), reward);
@@ -534,7 +554,7 @@ contract WorkLedgerTest is Fixture {
         bytes32 k = _recordOne(poolId, node1, 1);
         uint40 deadline = uint40(T0 + WINDOW);
         vm.warp(deadline - 1);
-        assertFalse(ledger.isClaimable(poolId, k));
+        assertFalse(_isClaimable(poolId, k));
         vm.expectRevert(abi.encodeWithSelector(WorkLedger.NothingToClaim.selector, poolId));
         vm.prank(ALICE);
         ledger.claim(poolId, _keys1(k));
@@ -697,7 +717,7 @@ contract WorkLedgerTest is Fixture {
         WorkLedger.Record memory r = ledger.getRecord(poolId, bytes32(uint256(99)));
         assertTrue(r.status == WorkLedger.RecordStatus.None);
         assertEq(r.provider, address(0));
-        assertFalse(ledger.isClaimable(poolId, bytes32(uint256(99))));
+        assertFalse(_isClaimable(poolId, bytes32(uint256(99))));
         assertEq(uint256(ledger.poolAccount(99).budget), 0);
         assertEq(ledger.surplus(99), 0);
     }

@@ -47,7 +47,7 @@ def explain(err: DecodedError) -> tuple[str, str]:
         "NothingUnbonding": ("nothing is unbonding", "unstake first with `intellect-node provider unstake N`"),
         "StakeLocked": (
             f"stake is locked until {when(a.get('lockedUntil', 0))}: recorded work can be invalidated until then",
-            "withdraw after that time",
+            "withdraw (or remove the node) after that time",
         ),
         "StakeLockAlreadySet": ("the registry's stake lock is already set", ""),
         "StillUnbonding": (
@@ -122,7 +122,20 @@ def explain(err: DecodedError) -> tuple[str, str]:
             f"{a.get('caller')} is not a validator of pool {a.get('poolId')}",
             "the pool's owner names validators with `intellect-node pool add-validator`",
         ),
-        "AlreadyDisputed": (f"work {a.get('workKey')} has been disputed already (once per record)", ""),
+        "SoftAccusedBefore": (
+            f"a soft accusation of work {a.get('workKey')} was overturned already",
+            "only a hard accusation (or a challenge) can dispute it again",
+        ),
+        "NamedAfterWork": (
+            f"work {a.get('workKey')} was recorded at {when(a.get('recordedAt', 0))}, before this validator was "
+            f"named ({when(a.get('validatorSince', 0))})",
+            "work is judged by the validators named when it was recorded",
+        ),
+        "NotProvidersWork": (
+            f"the signature over work {a.get('workKey')} is by {a.get('signer')}, not a node of provider "
+            f"{a.get('provider')}",
+            "a slash needs the recorded node's own signature over the work (its RolloutClaim)",
+        ),
         "NotDisputed": (f"work {a.get('workKey')} has no open dispute of that kind", ""),
         "AppealPeriodOver": (
             f"the appeal period of work {a.get('workKey')} ended at {when(a.get('appealEnd', 0))}",
@@ -139,7 +152,7 @@ def explain(err: DecodedError) -> tuple[str, str]:
         ),
         "WrongValidatorSet": (
             f"that is not the validator set the dispute of work {a.get('workKey')} opened under",
-            "pass the pool's validators as of the block of its appeal or challenge",
+            "pass the pool's validatorEntries as of the dispute's openedBlock",
         ),
         "CommitteeNotDrawn": (
             f"the committee of work {a.get('workKey')} is not drawn yet",

@@ -388,18 +388,23 @@ class Validator(CheckingMixin, DisputesMixin):
         with the pool's bond that becomes a slash when its appeal period ends unappealed
         (`settle_accusations`). See `rules.invalidation_is_hard`."""
         assert self.chain is not None
-        hard = rules.invalidation_is_hard(reason)
+        # a slash needs the node's signature over the work (`node_signed` fetched it before any verdict)
+        sig = self.store.get(f"sig:{key}")
+        hard = rules.invalidation_is_hard(reason) and bool(sig)
         if self.membership is not None:  # the pool's validators take turns: no accusation mined as a revert
             turn = rules.invalidation_turn(key, self.chain.address, self.membership.snapshot().validators)
             await trio.sleep(turn * rules.INVALIDATION_STAGGER)
         try:
-            rc = await ops.invalidate(self.chain, self.cfg.pool_id, key, evidence, hard=hard)
+            rc = await ops.invalidate(self.chain, self.cfg.pool_id, key, evidence, hard=hard, signature=sig)
         except ChainError as exc:
-            if getattr(exc, "name", None) in rules.ALREADY_DONE:
-                self.state.set_status(key, "settled")
+            name = getattr(exc, "name", None)
+            if name in rules.ALREADY_DONE:
+                # settled, or held by another's dispute: the next round reads which (`after_record_left`)
+                if name == "NamedAfterWork":
+                    self.state.set_status(key, "settled", "recorded before we were named")
                 return
             raise
-        self.state.set_sent(key, rules.after_invalidation(hard), rc.tx_hash)
+        self.state.set_sent(key, "accused", rc.tx_hash)  # hard or soft: final after its appeal period
         self._count("invalidations")
         self._count("chain_tx_sent", kind="invalidateWork")
         if hard:
@@ -411,7 +416,10 @@ class Validator(CheckingMixin, DisputesMixin):
                 key[:12], node, ev["bond"], ev["appealEnd"], rc.tx_hash,
             )  # fmt: skip
         else:
-            log.warning("REVOKED work %s of node %s without a slash (%s) (tx %s)", key[:12], node, reason, rc.tx_hash)
+            log.warning(
+                "REVOKING work %s of node %s without a slash (%s): final at %s unless appealed (tx %s)",
+                key[:12], node, reason, rc.event("WorkSoftInvalidated").args["appealEnd"], rc.tx_hash,
+            )  # fmt: skip
 
     async def _policy_loop(self) -> None:
         assert self.net is not None

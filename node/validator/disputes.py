@@ -32,10 +32,12 @@ class DisputesMixin:
     chain: ChainClient | None
     _verify: Any
     _count: Any
+    node_signed: Any
 
     async def settle_accusations(self) -> None:
-        """Our accusations, one step further: final once the appeal period ended unappealed (which
-        pays our bond back and the bounty), followed while appealed, closed when the committee decided."""
+        """Our accusations (hard and soft), one step further: final once the appeal period ended
+        unappealed (our bond back, no bounty: the slash goes to the treasury), followed while appealed,
+        closed when the committee decided."""
         assert self.chain is not None
         c, pool = self.chain, self.cfg.pool_id
         accused = self.state.accused()
@@ -48,10 +50,13 @@ class DisputesMixin:
             try:
                 if verdict == "open" and kind == "accusation" and now >= int(d["appealEnd"]):
                     rc = await ops.finalize_invalidation(c, pool, key)
-                    ev = rc.event("WorkInvalidated").args
-                    log.warning(
-                        "INVALIDATED work %s: slashed %s base units (tx %s)", key[:12], ev["slashed"], rc.tx_hash
-                    )
+                    if d["hard"]:
+                        ev = rc.event("WorkInvalidated").args
+                        log.warning(
+                            "INVALIDATED work %s: slashed %s base units (tx %s)", key[:12], ev["slashed"], rc.tx_hash
+                        )
+                    else:
+                        log.warning("REVOKED work %s without a slash (tx %s)", key[:12], rc.tx_hash)
                     verdict = "upheld"
                 elif verdict == "open" and kind in ("appeal", "challenge") and now >= int(d["voteEnd"]):
                     await ops.resolve_lapsed(c, pool, key)
@@ -83,10 +88,10 @@ class DisputesMixin:
                 self.state.set_duty(key, "closed")
                 continue
             if not d["drawn"]:
-                await ops.draw_committee(c, pool, key, int(row["block"]) or None)
+                await ops.draw_committee(c, pool, key)
                 d = await ops.dispute(c, pool, key)
                 if not d["drawn"]:
-                    continue  # its seed block is not mined yet, or the draw was committed anew
+                    continue  # its seed block is not mined yet
             duty = rules.duty_after_juror_state(int(await c.call("WorkLedger", "jurorState", pool, key, me)))
             if duty is not None:
                 self.state.set_duty(key, duty)
@@ -99,6 +104,11 @@ class DisputesMixin:
             if verdict is None or verdict["verdict"]["reason"] == str(Reason.UNAVAILABLE):
                 continue
             uphold = rules.vote_upholds(verdict) or self.cfg.lie
+            if uphold and d["hard"] and not await self.node_signed(key, str(r["node"])):
+                # the ledger checked the node's signature when the dispute opened; we check it too, and
+                # never vote a slash for work we cannot show the node signed
+                log.warning("work %s: no signature of node %s over it reaches us; not voting yet", key[:12], r["node"])
+                continue
             try:
                 rc = await ops.vote(c, pool, key, uphold)
             except ChainError as exc:

@@ -8,6 +8,7 @@ A record's status in the validator's state (`node.validator.state`):
                                                                     or every failure near its threshold)
                                         --no node signature--> unsigned (reported, never slashed; asked again)
     pending | invalid | unsigned --record left the window (claimed, disputed, invalidated)--> see `after_record_left`
+                                 (another party's open dispute: unchanged, looked at again once it ends)
     pending | invalid | unsigned --deadline within the margin--> settled
     pending --internal error, `max_internal_errors` times--> error (given up, reported loudly)
     accused --appeal period over, unappealed / committee decided--> invalidated | overturned | settled
@@ -28,8 +29,9 @@ __all__ = ["invalidation_is_hard", "stored_reason"]  # the verdict rules the val
 OPEN = ("pending", "invalid", "unsigned")
 """Statuses checked again every round."""
 
-ALREADY_DONE = ("AlreadySettled", "DeadlinePassed", "AlreadyDisputed")
-"""Contract errors that mean an invalidation is moot: the record is settled (by someone else, or time)."""
+ALREADY_DONE = ("AlreadySettled", "DeadlinePassed", "NamedAfterWork")
+"""Contract errors that mean an invalidation is moot now: the record is settled or disputed by someone
+else (the next round reads which), or it was recorded before we were named."""
 
 #: Seconds between the pool's validators' turns to invalidate one record (`invalidation_turn`).
 INVALIDATION_STAGGER = 4.0
@@ -54,9 +56,13 @@ VOTE_MOOT = ("NotDisputed", "VotePeriodOver", "NotJuror")
 
 def after_record_left(status: str, ours: bool, dispute_kind: str, record_status: str) -> str:
     """The status of a record the ledger no longer holds as pending: `ours` says whether the open or
-    last dispute is our own accusation (sent before a restart, say)."""
+    last dispute is our own accusation (sent before a restart, say). Another party's open dispute
+    leaves our status as it is: one that does not stand reopens the record (with the time it had left),
+    and we look at it again then."""
     if ours and dispute_kind in ("accusation", "appeal"):
         return "accused"
+    if record_status == "disputed" and not ours:
+        return status
     if ours or (status == "invalid" and record_status == "invalidated"):
         return "invalidated"
     return "settled"
@@ -88,11 +94,6 @@ def vote_upholds(verdict: dict[str, Any]) -> bool:
     what it would have invalidated hard itself (a failure near its threshold is no ground for a slash,
     whatever the accuser sent)."""
     return not verdict["ok"] and invalidation_is_hard(stored_reason(verdict))
-
-
-def after_invalidation(hard: bool) -> str:
-    """A hard invalidation is an accusation until its appeal period ends; a soft one is final."""
-    return "accused" if hard else "invalidated"
 
 
 def after_dispute(verdict: str) -> str | None:

@@ -377,6 +377,7 @@ class Worker(JoiningMixin, GenerationMixin, AccusationsMixin, SubmittingMixin):
         for key, deadline in self.state.due_recorded(now, limit=ops.MAX_BATCH):
             rec = await retry_rpc(lambda k=key: ops.record(c, pool, k), "work record")
             ours = str(rec["provider"]).lower() == self.provider.address.lower()
+            deadline = max(deadline, int(rec["deadline"]))  # a dispute that did not stand moves it later
             step = claim_step(str(rec["statusName"]), ours, deadline, now)
             if step == "claim":
                 keys.append(key)

@@ -77,7 +77,7 @@ async def test_a_sybil_challenge_of_honest_work_is_overturned_and_costs_its_bond
     async with await chain.client(sybil) as s:
         await ops.register_provider(s, 10 * TOKEN)  # staked at the pool's minimum: allowed to challenge
         before = int(await s.call("IntellectToken", "balanceOf", sybil.address))
-        await ops.challenge(s, pid, key, "0x" + "ee" * 32)
+        await ops.challenge(s, pid, key, "0x" + "ee" * 32, node_sig)
         assert int(await s.call("IntellectToken", "balanceOf", sybil.address)) == before - TOKEN  # the bond
     async with await chain.client(None) as reader:
         provider_before = int(await reader.call("IntellectToken", "balanceOf", chain.provider.address))

@@ -70,11 +70,19 @@ async def test_unsigned_work_is_reported_not_slashed_and_unserved_signed_work_is
             return v.store.scalar("SELECT status FROM checks WHERE work_key = ?", (key,))
 
         with trio.fail_after(90):
-            while status(unsigned) != "unsigned" or status(unserved) != "invalidated":
+            while status(unsigned) != "unsigned" or status(unserved) != "accused":
                 await trio.sleep(0.5)
         reasons = {
             k: v.store.scalar("SELECT reason FROM checks WHERE work_key = ?", (k,)) for k in (unsigned, unserved)
         }
+        # a soft accusation too waits out its appeal period; then the validator makes it final
+        async with await chain.client(None) as reader:
+            d = await ops.dispute(reader, pid, unserved)
+            assert (d["kindName"], bool(d["hard"])) == ("accusation", False), d
+            await advance_time(reader.rpc, int(d["appealEnd"]) - await reader.timestamp() + 1)
+        with trio.fail_after(60):
+            while status(unserved) != "invalidated":
+                await trio.sleep(0.5)
         nursery.cancel_scope.cancel()
 
     assert reasons == {unsigned: "malformed_rollout", unserved: "data_unavailable"}, reasons

@@ -6,9 +6,9 @@ with the real contracts:
 
 - two jurors of one committee vote at once: whichever lands second decides the dispute (the slash,
   the bonds, the bounty), about four times the gas of the first vote;
-- a sybil challenges a record as the pool's validator accuses it: the accusation then supersedes the
-  challenge (the challenger's bond back), a path its estimate did not see. The sybil needs only a
-  stake and a bond it gets back, so this would be a way to make every accusation fail once."""
+- a sybil challenges a record as the pool's validator accuses it: the accusation is then refused with a
+  clear error (one dispute at a time; nobody takes over an open one), not mined as an out-of-gas
+  revert, and once the challenge lapses the record is open to the validator again."""
 
 from __future__ import annotations
 
@@ -21,10 +21,11 @@ import pytest
 import trio
 
 from node import ops
-from node.chain import ChainClient
+from node.chain import ChainClient, ChainError
+from node.chain.anvil import advance_time
 from node.chain.tx import Receipt
 from pool.deploy import TOKEN
-from tests.conftest import World
+from tests.conftest import World, signed
 
 TERMS = ops.DisputeTerms(appeal_period=600, vote_period=600, committee_size=2)
 KEYS = ["0x" + f"{i:064x}" for i in (0x41, 0x42)]
@@ -92,7 +93,7 @@ def test_two_jurors_voting_at_once_both_land(chain: World) -> None:
     async def go() -> None:
         pid = await _pool(chain)
         async with await chain.client(chain.validator) as val, await chain.client(chain.provider) as prov:
-            await ops.invalidate(val, pid, key, "0x" + "bb" * 32)
+            await ops.invalidate(val, pid, key, "0x" + "bb" * 32, signature=signed(val, pid, key, chain.node))
             await ops.appeal(prov, pid, key)
             await prov.rpc.request("evm_mine", [])
             await ops.draw_committee(prov, pid, key)
@@ -108,17 +109,26 @@ def test_two_jurors_voting_at_once_both_land(chain: World) -> None:
     trio.run(go)
 
 
-def test_an_accusation_racing_a_sybils_challenge_lands(chain: World) -> None:
+def test_an_accusation_racing_a_sybils_challenge_is_refused_then_lands_once_it_lapses(chain: World) -> None:
     key = KEYS[1]
 
     async def go() -> None:
         pid = await _pool(chain)
         async with await chain.client(chain.outsider) as sybil, await chain.client(chain.validator) as val:
+            sig = signed(val, pid, key, chain.node)
             await sybil.ensure_allowance("WorkLedger", 100 * TOKEN)  # the sybil's bond approved up front
-            with _then(val, lambda: ops.challenge(sybil, pid, key, "0x" + "cc" * 32)) as challenged:
-                accused = await ops.invalidate(val, pid, key, "0x" + "bb" * 32)
+            with (
+                pytest.raises(ChainError) as refused,
+                _then(val, lambda: ops.challenge(sybil, pid, key, "0x" + "cc" * 32, sig)) as challenged,
+            ):
+                await ops.invalidate(val, pid, key, "0x" + "bb" * 32, signature=sig)
+            assert challenged[0].event("WorkChallenged") is not None
+            assert getattr(refused.value, "name", None) == "AlreadySettled", refused.value
+            await advance_time(val.rpc, 601)  # nobody votes: the challenge lapses
+            lapsed = await ops.resolve_lapsed(val, pid, key)
+            assert lapsed.event("WorkReopened") is not None
+            accused = await ops.invalidate(val, pid, key, "0x" + "bb" * 32, signature=sig)
             d = await ops.dispute(val, pid, key)
-        assert challenged[0].event("WorkChallenged") is not None
         assert d["kindName"] == "accusation" and d["verdictName"] == "open", d
         assert accused.event("WorkAccused") is not None
 
@@ -157,7 +167,7 @@ def test_a_committee_is_drawn_the_block_after_its_appeal(chain: World, more: int
         terms = ops.DisputeTerms(appeal_period=600, vote_period=600, committee_size=size)
         pid = await _pool(chain, more, terms)
         async with await chain.client(chain.validator) as val, await chain.client(chain.provider) as prov:
-            await ops.invalidate(val, pid, key, "0x" + "bb" * 32)
+            await ops.invalidate(val, pid, key, "0x" + "bb" * 32, signature=signed(val, pid, key, chain.node))
             await ops.appeal(prov, pid, key)
         async with await chain.client(chain.admin) as juror:
             with _estimates_at_latest(juror):

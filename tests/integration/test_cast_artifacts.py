@@ -13,7 +13,7 @@ from node import ops
 from node.chain import abi
 from node.chain.anvil import advance_time, find_tool
 from pool.deploy import TOKEN
-from tests.conftest import World, rpc_sync
+from tests.conftest import World, rpc_sync, signed
 
 CAST = find_tool("cast")
 # Emitted only by OpenZeppelin code paths the protocol never takes (role admin changes, EIP-5267
@@ -101,9 +101,10 @@ def _busy_pool(chain: World) -> int:
                 [ops.WorkItem(chain.node.address, "0x" + f"{i:064x}", 10, 1, "0x" + "aa" * 32) for i in range(1, 6)],
             )
             k = ["0x" + f"{i:064x}" for i in range(6)]
-            await ops.invalidate(val, pid, k[1], "0x" + "bb" * 32)  # accused; final after the appeal period
+            s = [signed(val, pid, key, chain.node) for key in k]
+            await ops.invalidate(val, pid, k[1], "0x" + "bb" * 32, signature=s[1])  # accused; final after appeal period
             await ops.invalidate(val, pid, k[3], "0x" + "bb" * 32, hard=False)  # revoked, no slash
-            await ops.invalidate(val, pid, k[4], "0x" + "bb" * 32)  # accused, appealed, overturned
+            await ops.invalidate(val, pid, k[4], "0x" + "bb" * 32, signature=s[4])  # accused, appealed, overturned
             await ops.appeal(prov, pid, k[4])
             await prov.rpc.request("evm_mine", [])
             await ops.draw_committee(prov, pid, k[4])
@@ -112,15 +113,16 @@ def _busy_pool(chain: World) -> int:
             )
             await ops.vote(juror, pid, k[4], False)
             await ops.register_provider(outsider, 10 * TOKEN)  # staked: may challenge
-            await ops.challenge(outsider, pid, k[5], "0x" + "cc" * 32)  # challenged, then lapses
+            await ops.challenge(outsider, pid, k[5], "0x" + "cc" * 32, s[5])  # challenged, then lapses
             await ops.add_validator(admin, pid, chain.node.address)
-            await prov.rpc.request("anvil_mine", [hex(300)])  # the seed block's hash is gone: commits anew
-            opened = (await ops.dispute(prov, pid, k[5]))["drawBlock"]
-            await ops.draw_committee(prov, pid, k[5], int(opened))  # the set as the challenge opened
+            await prov.rpc.request("anvil_mine", [hex(300)])  # the seed block's hash is gone: every one sits
+            await ops.draw_committee(prov, pid, k[5])  # the set as the challenge opened
             await ops.remove_validator(admin, pid, chain.node.address)
             await advance_time(prov.rpc, 200)
             await ops.finalize_invalidation(val, pid, k[1])
-            await ops.resolve_lapsed(val, pid, k[5])
+            await ops.finalize_invalidation(val, pid, k[3])
+            await ops.resolve_lapsed(val, pid, k[5])  # reopened: final once the time it had left is over
+            await advance_time(prov.rpc, 200)
             await ops.claim(prov, pid)
             await admin.transact("WorkLedger", "withdrawSurplus", pid, TOKEN, chain.admin.address)
             await prov.transact("PoolManager", "leavePool", pid, chain.node2.address)

@@ -74,10 +74,10 @@ async def test_nonce_taken_elsewhere_is_resigned_once(chain: World):
 
 async def test_on_chain_revert_is_explained(chain: World):
     async with await chain.client(chain.outsider) as c:
-        data = abi.load("WorkLedger").fn("invalidateWork").encode([1, "0x" + "01" * 32, "0x" + "00" * 32, True])
+        data = abi.load("WorkLedger").fn("invalidateWork").encode([1, "0x" + "01" * 32, "0x" + "00" * 32, True, b""])
         with pytest.raises(ContractRevert) as e:
             await c.sender.send(c.contract("WorkLedger"), data, gas=200_000, what="invalidation")
-        assert e.value.name == "NotValidator" and "reverted on chain" in str(e.value)
+        assert e.value.name == "UnknownWork" and "reverted on chain" in str(e.value)
 
 
 async def test_receipt_timeout_carries_the_hash(chain: World):

@@ -242,32 +242,52 @@ def test_a_disputed_record_is_neither_pending_nor_claimable():
     assert any("claimed while disputed" in p for p in r.problems)
 
 
-def test_soft_invalidation_revokes_without_a_slash():
-    soft = ev("WorkSoftInvalidated", "t3", 5, workKey=key(1), validator=VAL, provider=PROV, units=5, evidenceHash="0x1")
+def test_soft_invalidation_is_an_accusation_revoked_at_its_end_with_the_reward_forfeited():
+    soft = ev("WorkSoftInvalidated", "t3", 5, workKey=key(1), validator=VAL, provider=PROV, units=5, evidenceHash="0x1",
+              appealEnd=APPEAL_END)  # fmt: skip
     r = rebuild(POOL, [*base_stream(), soft], registry_stream(), TIMES)
     assert r.problems == []
+    assert (r.records[key(1)].status, r.records[key(1)].dispute) == ("disputed", "accusation")
+    final = ev("DisputeResolved", "t6", 9, workKey=key(1), verdict=1, kind=1, accuser=VAL, provider=PROV,
+               bondsTo=VAL, bonds=0)  # fmt: skip
+    forfeit = ev("RewardForfeited", "t6", 9, workKey=key(1), to="0x" + "77" * 20, amount=50)
+    r = rebuild(POOL, [*base_stream(), soft, forfeit, final], registry_stream(), TIMES)
+    assert r.problems == []
     rec = r.records[key(1)]
-    assert (rec.status, rec.soft, rec.slashed) == ("invalidated", True, 0)
-    assert r.totals.invalidated_units == 5
+    assert (rec.status, rec.soft, rec.slashed, rec.validator) == ("invalidated", True, 0, VAL)
+    assert (r.totals.invalidated_units, r.totals.forfeited_tokens) == (5, 50)
 
 
-def test_a_validator_supersedes_a_challenge_and_a_lapsed_appeal_revokes():
+def test_a_challenge_that_lapses_reopens_the_record_and_a_lapsed_appeal_revokes():
     challenged = ev("WorkChallenged", "t3", 5, workKey=key(1), challenger=VAL, provider=PROV, evidenceHash="0x1",
                     voteEnd=900, bond=2)  # fmt: skip
-    superseded = ev("DisputeResolved", "t4", 5, workKey=key(1), verdict=3, kind=3, accuser=VAL, provider=PROV,
-                    bondsTo="0x" + "00" * 20, bonds=2)  # fmt: skip
-    accused = ev("WorkAccused", "t4", 5, workKey=key(1), accuser=VAL, provider=PROV, evidenceHash="0xee",
+    lapsed_challenge = ev("DisputeResolved", "t4", 6, workKey=key(1), verdict=3, kind=3, accuser=VAL, provider=PROV,
+                          bondsTo="0x" + "00" * 20, bonds=2)  # fmt: skip
+    accused = ev("WorkAccused", "t5", 7, workKey=key(1), accuser=VAL, provider=PROV, evidenceHash="0xee",
                  appealEnd=APPEAL_END, bond=2)  # fmt: skip
-    appealed = ev("WorkAppealed", "t5", 5, workKey=key(1), provider=PROV, voteEnd=800, bond=2)
-    lapsed = ev("DisputeResolved", "t6", 9, workKey=key(1), verdict=3, kind=2, accuser=VAL, provider=PROV,
+    appealed = ev("WorkAppealed", "t6", 7, workKey=key(1), provider=PROV, voteEnd=800, bond=2)
+    lapsed = ev("DisputeResolved", "t7", 9, workKey=key(1), verdict=3, kind=2, accuser=VAL, provider=PROV,
                 bondsTo="0x" + "00" * 20, bonds=4)  # fmt: skip
-    r = rebuild(POOL, [*base_stream(), challenged, superseded, accused, appealed, lapsed], registry_stream(), TIMES)
+    r = rebuild(POOL, [*base_stream(), challenged, lapsed_challenge, accused, appealed, lapsed], registry_stream(),
+                TIMES)  # fmt: skip
     assert r.problems == []
     rec = r.records[key(1)]
     assert (rec.status, rec.soft, rec.dispute, rec.verdict) == ("invalidated", True, "appeal", "lapsed")
     assert r.totals.invalidated_units == 5
-    # an accusation after a challenge lapsed on its own (another transaction) is not allowed
-    r = rebuild(POOL, [*base_stream(), challenged, superseded, ev("WorkAccused", "t9", 5, workKey=key(1),
-                accuser=VAL, provider=PROV, evidenceHash="0xee", appealEnd=APPEAL_END, bond=2)],
-                registry_stream(), TIMES)  # fmt: skip
+    # a second dispute while the first is open is not allowed
+    r = rebuild(POOL, [*base_stream(), challenged, accused], registry_stream(), TIMES)
     assert any("disputed while" in p for p in r.problems)
+
+
+def test_a_hard_accusation_superseding_a_soft_one_is_followed():
+    soft = ev("WorkSoftInvalidated", "t3", 5, workKey=key(1), validator=VAL, provider=PROV, units=5, evidenceHash="0x1",
+              appealEnd=APPEAL_END)  # fmt: skip
+    ended = ev("DisputeResolved", "t4", 6, workKey=key(1), verdict=3, kind=1, accuser=VAL, provider=PROV,
+               bondsTo=PROV, bonds=0)  # fmt: skip
+    accused = ev("WorkAccused", "t4", 6, workKey=key(1), accuser=VAL, provider=PROV, evidenceHash="0xee",
+                 appealEnd=APPEAL_END, bond=2)  # fmt: skip
+    r = rebuild(POOL, [*base_stream(), soft, ended, accused], registry_stream(), TIMES)
+    assert r.problems == []
+    rec = r.records[key(1)]
+    assert (rec.status, rec.soft, rec.dispute, rec.verdict) == ("disputed", False, "accusation", "open")
+    assert r.totals.invalidated_units == 0

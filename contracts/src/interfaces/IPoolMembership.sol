@@ -7,7 +7,8 @@ interface IPoolMembership {
     /// @notice The pool a node is an active member of, or 0 when it is in none.
     function poolOf(address node) external view returns (uint256);
 
-    /// @notice The stake `provider` must keep while any of its nodes is in a pool: the highest minimum
-    /// stake among the pools its nodes joined since it last had no membership (0 with none).
+    /// @notice The stake `provider` must keep while any of its nodes is in a pool: the sum of the minimum
+    /// stakes of the distinct pools its nodes are in (0 with none), so each pool's minimum is stake that
+    /// pool can slash.
     function stakeFloor(address provider) external view returns (uint256);
 }

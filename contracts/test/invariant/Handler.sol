@@ -13,7 +13,11 @@ import {WorkLedger} from "../../src/WorkLedger.sol";
 /// independent model (ghost state) of what every call should do. Every call goes through try/catch:
 /// a success the model did not expect, or a failure it did not expect, is counted in
 /// `outcomeMismatches`; safety violations have their own counters, which the invariants require to
-/// stay zero.
+/// stay zero. Disputes follow the rules of issue 38: soft and hard accusations both wait out an
+/// appeal period, one dispute of a record at a time, a dispute that does not stand reopens its record
+/// with the time it had left (so records are disputed again), revoked rewards go to the treasury,
+/// committees come from the validator set as it was when the dispute opened (the owner changes the
+/// set meanwhile), and a slash needs the node's signature over the work.
 contract Handler is TestBase {
     struct Setup {
         IntellectToken token;
@@ -29,29 +33,53 @@ contract Handler is TestBase {
         address[] providers;
         uint256[2] poolIds;
         uint256[2] coordPks;
-        address[4] jurors;
+        address[] validators;
     }
 
-    /// @dev Ghost of one work record, keyed by keccak256(poolId, workKey).
+    /// @dev Ghost of one work record, keyed by keccak256(poolId, workKey), and of its latest dispute.
     struct Rec {
         uint256 poolId;
         bytes32 workKey;
         address provider;
+        address node;
+        uint256 recordedAt;
         uint256 deadline;
         uint48 units;
         WorkLedger.RecordStatus status;
         uint8 recordings;
         uint8 claims;
         uint8 invalidations;
+        uint8 disputes;
         WorkLedger.DisputeKind dkind;
         WorkLedger.Verdict verdict;
+        bool hard;
         address accuser;
+        uint256 openedAt;
+        uint256 openedBlock;
         uint256 appealEnd;
         uint256 voteEnd;
+        uint256 drawBlock;
+        uint32 round;
+        bool drawn;
+        uint8 size;
+        uint8 up;
+        uint8 down;
+    }
+
+    /// @dev What a verdict should move: the expected slash and the balances before it.
+    struct Slash {
+        uint256 fromUnbonding;
+        uint256 fromStaked;
+        uint256 bounty;
+        uint256 treasuryBefore;
+        uint256 accBefore;
+        uint256 provBefore;
     }
 
     uint256 internal constant N_NODES = 12;
     uint256 internal constant NODE_PK_BASE = 0xA000;
+    /// @dev A key bound to nobody, to forge rollout signatures with.
+    uint256 internal constant FORGER_PK = 0xF0F0;
 
     IntellectToken public token;
     ProviderRegistry public registry;
@@ -67,6 +95,8 @@ contract Handler is TestBase {
     uint256[2] public poolIds;
     uint256[2] internal coordPks;
     address[2] public coords;
+    /// @dev Everyone the owner may name a validator of either pool (VALIDATOR and the jurors first).
+    address[] public validators;
 
     // ------------------------------------------------------------------ ghost: clock and parameters
     uint256 public time;
@@ -93,23 +123,36 @@ contract Handler is TestBase {
     mapping(address => uint256) public gPoolOf;
     mapping(uint256 => mapping(address => bool)) public gBlacklisted;
     mapping(address => uint256) public gMemberships;
+    /// @dev The provider's stake floor: the sum of the minimums of the distinct pools it is in.
     mapping(address => uint256) public gFloor;
+    mapping(address => mapping(uint256 => uint256)) public gNodesIn;
     mapping(address => uint256) public gLockedUntil;
     mapping(address => uint256) public gOpenDisputes;
+
+    // ------------------------------------------------------------------ ghost: validators
+    mapping(uint256 => mapping(address => uint256)) public gSince;
+    mapping(uint256 => uint256) public gValidatorCount;
 
     // ------------------------------------------------------------------ ghost: ledger
     bytes32[] internal recIds;
     mapping(bytes32 => Rec) internal recs;
+    /// @dev The validator set (and naming times) each record's latest dispute opened under.
+    mapping(bytes32 => address[]) internal snapVs;
+    mapping(bytes32 => uint64[]) internal snapSince;
     mapping(uint256 => uint256) public gFunded;
     mapping(uint256 => uint256) public gSurplusWithdrawn;
     mapping(uint256 => uint256) public gClaimedTokens;
+    mapping(uint256 => uint256) public gForfeited;
     mapping(uint256 => uint256) public gRecordedUnits;
     mapping(uint256 => uint256) public gPendingUnits;
     mapping(uint256 => uint256) public gInvalidatedUnits;
     mapping(uint256 => uint256) public gClaimedUnits;
+    uint256 public gTotalForfeited;
+    uint256 public gLapseFees;
 
     // ------------------------------------------------------------------ violations (must stay 0)
     uint256 public claimsBeforeDeadline;
+    uint256 public claimsWhileDisputed;
     uint256 public invalidationsAtOrAfterDeadline;
     uint256 public unauthorizedSuccesses;
     uint256 public unexpectedRoleReverts;
@@ -120,11 +163,11 @@ contract Handler is TestBase {
     uint256 public slashesBeforeAppealEnd;
     uint256 public partiesOnCommittee;
     uint256 public committeeMismatches;
+    uint256 public ineligibleJurors;
 
     // ------------------------------------------------------------------ ghost: disputes
     uint256 public gBondsIn;
     uint256 public gBondsPaid;
-    address[4] public jurors;
     string public lastMismatch;
 
     // ------------------------------------------------------------------ coverage
@@ -150,7 +193,14 @@ contract Handler is TestBase {
         time = block.timestamp;
         bountyBps = registry.bountyBps();
         maxBounty = registry.maxBounty();
-        jurors = s.jurors;
+        validators = s.validators;
+        for (uint256 i; i < 2; ++i) {
+            (address[] memory vs, uint64[] memory since) = pools.validatorEntries(s.poolIds[i]);
+            for (uint256 j; j < vs.length; ++j) {
+                gSince[s.poolIds[i]][vs[j]] = since[j];
+            }
+            gValidatorCount[s.poolIds[i]] = vs.length;
+        }
     }
 
     modifier synced() {
@@ -176,13 +226,17 @@ contract Handler is TestBase {
         if (ok) successes[keccak256(bytes(what))]++;
     }
 
+    function _hit(string memory what) internal {
+        successes[keccak256(bytes(what))]++;
+    }
+
     function _sign(uint256 pk, bytes32 digest) internal pure returns (bytes memory) {
         (uint8 v, bytes32 r, bytes32 s) = vm.sign(pk, digest);
         return abi.encodePacked(r, s, v);
     }
 
     function _budget(uint256 poolId) internal view returns (uint256) {
-        return gFunded[poolId] - gSurplusWithdrawn[poolId] - gClaimedTokens[poolId];
+        return gFunded[poolId] - gSurplusWithdrawn[poolId] - gClaimedTokens[poolId] - gForfeited[poolId];
     }
 
     function _rate(uint256 poolId) internal view returns (uint256) {
@@ -196,6 +250,21 @@ contract Handler is TestBase {
             for (uint256 j; j < recIds.length; ++j) {
                 bytes32 cand = recIds[(start + j) % recIds.length];
                 if (recs[cand].status == WorkLedger.RecordStatus.Pending) return (cand, true);
+            }
+        }
+        return (recIds[start], true);
+    }
+
+    /// @dev Like `_pickRec`, but when guided a record still open to accusation and challenge (pending,
+    /// before its deadline).
+    function _pickOpen(uint256 seed) internal view returns (bytes32 id, bool found) {
+        if (recIds.length == 0) return (bytes32(0), false);
+        uint256 start = seed % recIds.length;
+        if (_guided(seed)) {
+            for (uint256 j; j < recIds.length; ++j) {
+                bytes32 cand = recIds[(start + j) % recIds.length];
+                Rec storage r = recs[cand];
+                if (r.status == WorkLedger.RecordStatus.Pending && time < r.deadline) return (cand, true);
             }
         }
         return (recIds[start], true);
@@ -239,6 +308,40 @@ contract Handler is TestBase {
             }
         }
         return providers[start];
+    }
+
+    /// @dev A validator candidate for `seed`; when guided, the first one from there that may accuse `r`
+    /// (named in its pool at or before it was recorded).
+    function _pickAccuser(uint256 seed, Rec storage r) internal view returns (address) {
+        uint256 start = seed % validators.length;
+        if (_guided(seed)) {
+            for (uint256 j; j < validators.length; ++j) {
+                address a = validators[(start + j) % validators.length];
+                uint256 since = gSince[r.poolId][a];
+                if (since != 0 && since <= r.recordedAt) return a;
+            }
+        }
+        return validators[start];
+    }
+
+    /// @dev A rollout signature for `r`: usually its node's; one time in eight (by `seed`) a node key
+    /// taken from the seed (perhaps another provider's), a key bound to nobody, or none at all.
+    /// `good`: the model's view of whether the ledger accepts it (a node bound to r's provider).
+    function _rolloutSig(Rec storage r, uint256 seed) internal view returns (bytes memory sig, bool good) {
+        bytes32 digest = ledger.rolloutDigest(r.poolId, r.workKey);
+        uint256 mode = seed % 32;
+        if (mode >= 4) return (_sign(NODE_PK_BASE + _pkIndex(r.node), digest), gNodeProvider[r.node] == r.provider);
+        if (mode == 0) return ("", false);
+        if (mode == 1) return (_sign(FORGER_PK, digest), false);
+        uint256 other = _nodePk(seed / 32);
+        return (_sign(other, digest), gNodeProvider[vm.addr(other)] == r.provider);
+    }
+
+    function _pkIndex(address node) internal pure returns (uint256) {
+        for (uint256 i; i < N_NODES; ++i) {
+            if (vm.addr(NODE_PK_BASE + i) == node) return i;
+        }
+        revert("unknown node");
     }
 
     // ------------------------------------------------------------------ providers
@@ -327,14 +430,17 @@ contract Handler is TestBase {
         }
     }
 
+    /// @dev Unbinding a node: only out of every pool, and not while its provider's stake is locked (a
+    /// slash needs the signature of a node still bound to the provider).
     function removeNode(uint256 nodeSeed) external synced {
         address node = vm.addr(_pickNode(nodeSeed, IDLE, 0));
         address p = gNodeProvider[node];
         address caller = p == address(0) ? _actor(nodeSeed) : p;
-        bool expected = p != address(0) && gPoolOf[node] == 0;
+        bool expected = p != address(0) && gPoolOf[node] == 0 && time >= gLockedUntil[p] && gOpenDisputes[p] == 0;
         vm.prank(caller);
         try registry.removeNode(node) {
             _check(expected, true, "removeNode");
+            if (_hasOpenRecord(p)) withdrawalsWhileLocked++;
             gComputeUnits[p] -= gNodeUnits[node];
             gNodeProvider[node] = address(0);
             gNodeUnits[node] = 0;
@@ -345,6 +451,8 @@ contract Handler is TestBase {
 
     // ------------------------------------------------------------------ membership
 
+    /// @dev A join needs the stake to cover the provider's floor plus this pool's minimum (when it is
+    /// the provider's first node there).
     function joinPool(uint256 nodeSeed, uint256 poolSeed) external synced {
         uint256 pk = _pickNode(nodeSeed, IDLE, 0);
         address node = vm.addr(pk);
@@ -355,15 +463,17 @@ contract Handler is TestBase {
         uint256 nonce = ++nonceCounter;
         uint64 expiry = uint64(time + 1 hours);
         bytes memory sig = _sign(coordPks[i], pools.inviteDigest(poolId, node, nonce, expiry));
-        bool expected = p != address(0) && gPoolOf[node] == 0 && !gBlacklisted[poolId][node]
-            && gStaked[p] >= pools.getPool(poolId).minStake;
+        uint256 min = pools.getPool(poolId).minStake;
+        uint256 need = gNodesIn[p][poolId] == 0 ? gFloor[p] + min : gFloor[p];
+        bool expected =
+            p != address(0) && gPoolOf[node] == 0 && !gBlacklisted[poolId][node] && gStaked[p] >= need;
         vm.prank(caller);
         try pools.joinPool(poolId, node, nonce, expiry, sig) {
             _check(expected, true, "joinPool");
             gPoolOf[node] = poolId;
             gMemberships[p]++;
-            uint256 min = pools.getPool(poolId).minStake;
-            if (min > gFloor[p]) gFloor[p] = min;
+            if (gNodesIn[p][poolId]++ == 0) gFloor[p] += min;
+            if (gNodesIn[p][poolId] > 1) _hit("joinPoolAgain");
         } catch {
             _check(expected, false, "joinPool");
         }
@@ -414,20 +524,79 @@ contract Handler is TestBase {
         }
     }
 
-    /// @dev The model of a membership ending: the provider's stake floor drops only with its last one.
+    /// @dev The model of a membership ending: the pool's minimum leaves the provider's floor with its
+    /// last node in that pool.
     function _left(address node) internal {
+        uint256 poolId = gPoolOf[node];
         gPoolOf[node] = 0;
         address p = gNodeProvider[node];
-        if (--gMemberships[p] == 0) gFloor[p] = 0;
+        gMemberships[p]--;
+        if (--gNodesIn[p][poolId] == 0) {
+            uint256 min = pools.getPool(poolId).minStake;
+            gFloor[p] = min >= gFloor[p] ? 0 : gFloor[p] - min;
+        }
     }
 
     /// @dev Whether `p` has a record that can still be invalidated (its stake must not leave).
     function _hasOpenRecord(address p) internal view returns (bool) {
         for (uint256 i; i < recIds.length; ++i) {
             Rec storage r = recs[recIds[i]];
-            if (r.provider == p && r.status == WorkLedger.RecordStatus.Pending && time < r.deadline) return true;
+            if (r.provider != p) continue;
+            if (r.status == WorkLedger.RecordStatus.Disputed) return true;
+            if (r.status == WorkLedger.RecordStatus.Pending && time < r.deadline) return true;
         }
         return false;
+    }
+
+    // ------------------------------------------------------------------ validators
+
+    /// @dev The owner names a validator of a pool (it may act on work recorded from now on only).
+    function addValidator(uint256 poolSeed, uint256 vSeed) external synced {
+        uint256 poolId = poolIds[poolSeed % 2];
+        address v = validators[vSeed % validators.length];
+        if (_guided(vSeed)) {
+            for (uint256 j; j < validators.length; ++j) {
+                address cand = validators[(vSeed % validators.length + j) % validators.length];
+                if (gSince[poolId][cand] == 0) {
+                    v = cand;
+                    break;
+                }
+            }
+        }
+        bool expected = gSince[poolId][v] == 0;
+        vm.prank(poolOwner);
+        try pools.addValidator(poolId, v) {
+            _check(expected, true, "addValidator");
+            gSince[poolId][v] = time;
+            gValidatorCount[poolId]++;
+        } catch {
+            _check(expected, false, "addValidator");
+        }
+    }
+
+    /// @dev The owner removes a validator (one in four calls only, so the sets do not run dry).
+    function removeValidator(uint256 poolSeed, uint256 vSeed) external synced {
+        if (poolSeed % 4 != 0) return;
+        uint256 poolId = poolIds[(poolSeed / 4) % 2];
+        address v = validators[vSeed % validators.length];
+        if (_guided(vSeed)) {
+            for (uint256 j; j < validators.length; ++j) {
+                address cand = validators[(vSeed % validators.length + j) % validators.length];
+                if (gSince[poolId][cand] != 0) {
+                    v = cand;
+                    break;
+                }
+            }
+        }
+        bool expected = gSince[poolId][v] != 0;
+        vm.prank(poolOwner);
+        try pools.removeValidator(poolId, v) {
+            _check(expected, true, "removeValidator");
+            gSince[poolId][v] = 0;
+            gValidatorCount[poolId]--;
+        } catch {
+            _check(expected, false, "removeValidator");
+        }
     }
 
     // ------------------------------------------------------------------ ledger
@@ -452,39 +621,51 @@ contract Handler is TestBase {
         for (uint256 j; j < n; ++j) {
             batch[j] = tmp[j];
         }
-        // Refused when a provider stakes less than the pool's minimum, or the budget cannot reserve it.
-        PoolManager.PoolTerms memory t = pools.poolTerms(poolId);
-        uint256 need = t.minStake == 0 ? 1 : t.minStake;
-        bool expected = true;
-        uint256 total;
-        for (uint256 j; j < n; ++j) {
-            if (gStaked[gNodeProvider[batch[j].node]] < need) expected = false;
-            total += batch[j].units;
-        }
-        if ((gPendingUnits[poolId] + total) * t.rewardRate > _budget(poolId)) expected = false;
         vm.prank(coords[i]);
         try ledger.recordWork(poolId, batch) {
-            _check(expected, true, "recordWork");
-            uint256 deadline = time + t.validationWindow;
-            for (uint256 j; j < n; ++j) {
-                address prov = gNodeProvider[batch[j].node];
-                if (registry.stakeOf(prov) < need) recordsUnderStaked++;
-                if (deadline > gLockedUntil[prov]) gLockedUntil[prov] = deadline;
-                bytes32 id = keccak256(abi.encode(poolId, batch[j].workKey));
-                Rec storage r = recs[id];
-                if (r.recordings == 0) recIds.push(id);
-                r.recordings++;
-                r.poolId = poolId;
-                r.workKey = batch[j].workKey;
-                r.provider = gNodeProvider[batch[j].node];
-                r.deadline = deadline;
-                r.units = batch[j].units;
-                r.status = WorkLedger.RecordStatus.Pending;
-                gRecordedUnits[poolId] += batch[j].units;
-                gPendingUnits[poolId] += batch[j].units;
-            }
+            _check(_recordable(poolId, batch), true, "recordWork");
+            _recorded(poolId, batch);
         } catch {
-            _check(expected, false, "recordWork");
+            _check(_recordable(poolId, batch), false, "recordWork");
+        }
+    }
+
+    /// @dev The model's view of a batch: refused when a provider stakes less than the pool's minimum
+    /// (at least 1) or its floor, or when the budget cannot reserve it.
+    function _recordable(uint256 poolId, WorkLedger.WorkInput[] memory batch) internal view returns (bool) {
+        PoolManager.PoolTerms memory t = pools.poolTerms(poolId);
+        uint256 need = t.minStake == 0 ? 1 : t.minStake;
+        uint256 total;
+        for (uint256 j; j < batch.length; ++j) {
+            address p = gNodeProvider[batch[j].node];
+            if (gStaked[p] < need || gStaked[p] < gFloor[p]) return false;
+            total += batch[j].units;
+        }
+        return (gPendingUnits[poolId] + total) * t.rewardRate <= _budget(poolId);
+    }
+
+    function _recorded(uint256 poolId, WorkLedger.WorkInput[] memory batch) internal {
+        PoolManager.PoolTerms memory t = pools.poolTerms(poolId);
+        uint256 deadline = time + t.validationWindow;
+        for (uint256 j; j < batch.length; ++j) {
+            address prov = gNodeProvider[batch[j].node];
+            uint256 have = registry.stakeOf(prov);
+            if (have < (t.minStake == 0 ? 1 : t.minStake) || have < pools.stakeFloor(prov)) recordsUnderStaked++;
+            if (deadline > gLockedUntil[prov]) gLockedUntil[prov] = deadline;
+            bytes32 id = keccak256(abi.encode(poolId, batch[j].workKey));
+            Rec storage r = recs[id];
+            if (r.recordings == 0) recIds.push(id);
+            r.recordings++;
+            r.poolId = poolId;
+            r.workKey = batch[j].workKey;
+            r.provider = prov;
+            r.node = batch[j].node;
+            r.recordedAt = time;
+            r.deadline = deadline;
+            r.units = batch[j].units;
+            r.status = WorkLedger.RecordStatus.Pending;
+            gRecordedUnits[poolId] += batch[j].units;
+            gPendingUnits[poolId] += batch[j].units;
         }
     }
 
@@ -527,17 +708,16 @@ contract Handler is TestBase {
         }
     }
 
-    struct Slash {
-        uint256 fromUnbonding;
-        uint256 fromStaked;
-        uint256 bounty;
-        uint256 validatorBefore;
-        uint256 treasuryBefore;
-    }
+    // ------------------------------------------------------------------ disputes
 
-    function invalidateWork(uint256 recSeed, bytes32 evidence) external synced {
-        (bytes32 id, bool found) = _pickRec(recSeed);
-        if (found) _invalidate(id, evidence);
+    /// @dev A validator (or someone who is not one) accuses a record: soft or hard by the evidence,
+    /// with the node's signature or a forged one by `sigSeed`.
+    function invalidateWork(uint256 recSeed, uint256 accuserSeed, bytes32 evidence, uint256 sigSeed)
+        external
+        synced
+    {
+        (bytes32 id, bool found) = _pickOpen(recSeed);
+        if (found) _invalidate(id, accuserSeed, evidence, sigSeed);
     }
 
     /// @dev Moves the clock to one second before, at, or one second after a record's deadline (if
@@ -548,133 +728,67 @@ contract Handler is TestBase {
         uint256 target = recs[id].deadline + (delta % 3) - 1;
         if (target > time) time = target;
         vm.warp(time);
+        uint256 g = (uint256(1) << 128) + delta % 1024; // guided accuser, the node's own signature
         if (claimFirst) {
             _claimRec(id);
-            _invalidate(id, bytes32(delta));
+            _invalidate(id, g, bytes32(delta), 4);
         } else {
-            _invalidate(id, bytes32(delta));
+            _invalidate(id, g, bytes32(delta), 4);
             _claimRec(id);
         }
     }
 
-    function _invalidate(bytes32 id, bytes32 evidence) internal {
-        _invalidateAs(id, evidence, uint256(evidence) % 4 != 0);
-    }
-
-    /// @dev A validator's invalidation: soft (revoked, no slash) or hard (an accusation with a bond). It
-    /// may supersede an open challenge (the challenger's bond goes back).
-    function _invalidateAs(bytes32 id, bytes32 evidence, bool hard) internal {
+    function _invalidate(bytes32 id, uint256 accuserSeed, bytes32 evidence, uint256 sigSeed) internal {
         Rec storage r = recs[id];
-        bool challenged = r.status == WorkLedger.RecordStatus.Disputed && r.dkind == WorkLedger.DisputeKind.Challenge
-            && r.verdict == WorkLedger.Verdict.Open;
-        bool fresh = r.status == WorkLedger.RecordStatus.Pending && r.dkind == WorkLedger.DisputeKind.None;
-        bool expected = (fresh || challenged) && time < r.deadline && r.provider != validator;
-        PoolManager.DisputeTerms memory d = pools.disputeTerms(r.poolId);
-        address challenger = r.accuser;
-        uint256 challengerBefore = challenged ? token.balanceOf(challenger) : 0;
-        vm.prank(validator);
-        try ledger.invalidateWork(r.poolId, r.workKey, evidence, hard) {
-            _check(expected, true, hard ? "accuse" : "softInvalidate");
+        address accuser = _pickAccuser(accuserSeed, r);
+        bool hard = uint256(evidence) % 4 != 0;
+        (bytes memory sig, bool good) = _rolloutSig(r, sigSeed);
+        uint256 since = gSince[r.poolId][accuser];
+        bool expected = r.status == WorkLedger.RecordStatus.Pending && time < r.deadline && since != 0
+            && since <= r.recordedAt && accuser != r.provider && (good || !hard);
+        string memory what = hard ? "accuse" : "softInvalidate";
+        vm.prank(accuser);
+        try ledger.invalidateWork(r.poolId, r.workKey, evidence, hard, hard ? sig : bytes("")) {
+            _check(expected, true, what);
             if (time >= r.deadline) invalidationsAtOrAfterDeadline++;
-            if (challenged) {
-                r.verdict = WorkLedger.Verdict.Lapsed;
-                r.status = WorkLedger.RecordStatus.Pending;
-                gBondsPaid += d.bond;
-                gOpenDisputes[r.provider]--;
-                if (token.balanceOf(challenger) - challengerBefore != d.bond) paymentMismatches++;
-            }
-            if (!hard) {
-                r.invalidations++;
-                r.status = WorkLedger.RecordStatus.Invalidated;
-                gPendingUnits[r.poolId] -= r.units;
-                gInvalidatedUnits[r.poolId] += r.units;
-                return;
-            }
-            r.status = WorkLedger.RecordStatus.Disputed;
-            r.dkind = WorkLedger.DisputeKind.Accusation;
-            r.verdict = WorkLedger.Verdict.Open;
-            r.accuser = validator;
+            PoolManager.DisputeTerms memory d = pools.disputeTerms(r.poolId);
+            _opened(id, WorkLedger.DisputeKind.Accusation, hard, accuser);
             r.appealEnd = time + d.appealPeriod;
             r.voteEnd = 0;
-            gBondsIn += d.bond;
-            gOpenDisputes[r.provider]++;
-            uint256 until = r.appealEnd + d.votePeriod;
-            if (until > gLockedUntil[r.provider]) gLockedUntil[r.provider] = until;
+            if (hard) gBondsIn += d.bond;
+            _lockUntil(r.provider, r.appealEnd + d.votePeriod);
         } catch {
-            _check(expected, false, hard ? "accuse" : "softInvalidate");
+            _check(expected, false, what);
         }
     }
 
-    /// @dev The model's slash: unbonding first, then staked; bounty min(slashed * bps / 1e4, maxBounty).
-    function _expectedSlash(address p, uint256 amount) internal view returns (Slash memory sl) {
-        sl.fromUnbonding = amount < gUnbonding[p] ? amount : gUnbonding[p];
-        uint256 rest = amount - sl.fromUnbonding;
-        sl.fromStaked = rest < gStaked[p] ? rest : gStaked[p];
-        sl.bounty = (sl.fromUnbonding + sl.fromStaked) * bountyBps / 10_000;
-        if (sl.bounty > maxBounty) sl.bounty = maxBounty;
-        sl.validatorBefore = 0;
-        sl.treasuryBefore = token.balanceOf(treasury);
-    }
-
-    function _applySlash(Rec storage r, Slash memory sl) internal {
-        if (r.dkind == WorkLedger.DisputeKind.Accusation && time < r.appealEnd) slashesBeforeAppealEnd++;
-        r.invalidations++;
-        r.status = WorkLedger.RecordStatus.Invalidated;
-        gPendingUnits[r.poolId] -= r.units;
-        gInvalidatedUnits[r.poolId] += r.units;
-        address p = r.provider;
-        uint256 slashed = sl.fromUnbonding + sl.fromStaked;
-        gUnbonding[p] -= sl.fromUnbonding;
-        gStaked[p] -= sl.fromStaked;
-        gSlashed[p] += slashed;
-        gTotalSlashed += slashed;
-        gTotalBounty += sl.bounty;
-        if (token.balanceOf(treasury) - sl.treasuryBefore != slashed - sl.bounty) paymentMismatches++;
-    }
-
-    /// @dev Bonds put up in a dispute: the accuser's, plus the provider's when it appealed.
-    function _held(Rec storage r) internal view returns (uint256) {
-        uint256 bond = pools.disputeTerms(r.poolId).bond;
-        return r.dkind == WorkLedger.DisputeKind.Appeal ? 2 * bond : bond;
-    }
-
-    /// @dev Applies a verdict the ledger reached to the model, and checks who was paid what.
-    function _settle(Rec storage r, WorkLedger.Verdict v, Slash memory sl, uint256 accBefore, uint256 provBefore)
-        internal
-    {
-        r.verdict = v;
-        gOpenDisputes[r.provider]--;
-        uint256 held = _held(r);
-        uint256 bond = pools.disputeTerms(r.poolId).bond;
-        uint256 accGets;
-        uint256 provGets;
-        if (v == WorkLedger.Verdict.Upheld) {
-            _applySlash(r, sl);
-            accGets = held + sl.bounty;
-        } else if (v == WorkLedger.Verdict.Overturned) {
-            r.status = WorkLedger.RecordStatus.Pending;
-            provGets = held;
-        } else {
-            if (r.dkind == WorkLedger.DisputeKind.Appeal) {
-                // a lapsed appeal revokes the record (no slash)
-                r.invalidations++;
-                r.status = WorkLedger.RecordStatus.Invalidated;
-                gPendingUnits[r.poolId] -= r.units;
-                gInvalidatedUnits[r.poolId] += r.units;
-            } else {
-                r.status = WorkLedger.RecordStatus.Pending;
-            }
-            accGets = bond;
-            provGets = held - bond;
+    /// @dev The model of a dispute opening on `id`: the record is frozen, the dispute replaces the
+    /// last one, and the validator set it opened under is kept for its committee.
+    function _opened(bytes32 id, WorkLedger.DisputeKind kind, bool hard, address accuser) internal {
+        Rec storage r = recs[id];
+        if (r.disputes++ != 0) _hit("reDispute");
+        r.status = WorkLedger.RecordStatus.Disputed;
+        r.dkind = kind;
+        r.verdict = WorkLedger.Verdict.Open;
+        r.hard = hard;
+        r.accuser = accuser;
+        r.openedAt = time;
+        r.openedBlock = block.number;
+        r.drawn = false;
+        r.size = 0;
+        r.up = 0;
+        r.down = 0;
+        gOpenDisputes[r.provider]++;
+        (address[] memory vs, uint64[] memory since) = pools.validatorEntries(r.poolId);
+        snapVs[id] = vs;
+        snapSince[id] = since;
+        if (ledger.getDispute(r.poolId, r.workKey).validatorSet != keccak256(abi.encode(vs, since))) {
+            committeeMismatches++;
         }
-        gBondsPaid += held;
-        if (token.balanceOf(r.accuser) - accBefore != accGets) paymentMismatches++;
-        if (token.balanceOf(r.provider) - provBefore != provGets) paymentMismatches++;
     }
 
-    function _open(Rec storage r) internal view returns (bool) {
-        return r.verdict == WorkLedger.Verdict.Open
-            && (r.dkind == WorkLedger.DisputeKind.Appeal || r.dkind == WorkLedger.DisputeKind.Challenge);
+    function _lockUntil(address p, uint256 until) internal {
+        if (until > gLockedUntil[p]) gLockedUntil[p] = until;
     }
 
     /// @dev Anyone makes an unappealed accusation final after its appeal period.
@@ -684,19 +798,18 @@ contract Handler is TestBase {
         Rec storage r = recs[id];
         bool expected =
             r.dkind == WorkLedger.DisputeKind.Accusation && r.verdict == WorkLedger.Verdict.Open && time >= r.appealEnd;
-        Slash memory sl = _expectedSlash(r.provider, pools.poolTerms(r.poolId).slashAmount);
-        uint256 accBefore = token.balanceOf(r.accuser);
-        uint256 provBefore = token.balanceOf(r.provider);
+        Slash memory sl = _before(r);
         vm.prank(outsider);
         try ledger.finalizeInvalidation(r.poolId, r.workKey) {
             _check(expected, true, "finalizeInvalidation");
-            _settle(r, WorkLedger.Verdict.Upheld, sl, accBefore, provBefore);
+            if (time < r.appealEnd) slashesBeforeAppealEnd++;
+            _settle(r, WorkLedger.Verdict.Upheld, sl);
         } catch {
             _check(expected, false, "finalizeInvalidation");
         }
     }
 
-    /// @dev The record's provider appeals an accusation within the appeal period.
+    /// @dev The record's provider appeals an accusation (hard or soft) within the appeal period.
     function appeal(uint256 recSeed) external synced {
         (bytes32 id, bool found) = _pickDisputed(recSeed);
         if (!found) return;
@@ -707,94 +820,169 @@ contract Handler is TestBase {
         vm.prank(r.provider);
         try ledger.appeal(r.poolId, r.workKey) {
             _check(expected, true, "appeal");
+            if (!r.hard) _hit("softAppeal");
             r.dkind = WorkLedger.DisputeKind.Appeal;
-            r.voteEnd = time + d.votePeriod;
+            _voteOpened(r, d);
             gBondsIn += d.bond;
         } catch {
             _check(expected, false, "appeal");
         }
     }
 
-    /// @dev A staked provider other than the record's own challenges it before its deadline.
-    function challenge(uint256 recSeed, uint256 actorSeed, bytes32 evidence) external synced {
-        (bytes32 id, bool found) = _pickRec(recSeed);
+    function _voteOpened(Rec storage r, PoolManager.DisputeTerms memory d) internal {
+        r.voteEnd = time + d.votePeriod;
+        r.drawBlock = block.number;
+        r.round++;
+    }
+
+    /// @dev A staked provider other than the record's own challenges it before its deadline, with the
+    /// node's signature (or a forged one).
+    function challenge(uint256 recSeed, uint256 actorSeed, bytes32 evidence, uint256 sigSeed) external synced {
+        (bytes32 id, bool found) = _pickOpen(recSeed);
         if (!found) return;
         Rec storage r = recs[id];
         address who = _actor(actorSeed);
+        if (who == r.provider && _guided(actorSeed)) who = _actor(actorSeed % providers.length + 1);
+        (bytes memory sig, bool good) = _rolloutSig(r, sigSeed);
         uint256 minStake = pools.poolTerms(r.poolId).minStake;
-        bool expected = gStaked[who] >= (minStake == 0 ? 1 : minStake) && who != r.provider && r.status == WorkLedger.RecordStatus.Pending
-            && time < r.deadline && r.dkind == WorkLedger.DisputeKind.None;
+        bool expected = gStaked[who] >= (minStake == 0 ? 1 : minStake) && who != r.provider
+            && r.status == WorkLedger.RecordStatus.Pending && time < r.deadline && good;
         PoolManager.DisputeTerms memory d = pools.disputeTerms(r.poolId);
         vm.prank(who);
-        try ledger.challenge(r.poolId, r.workKey, evidence) {
+        try ledger.challenge(r.poolId, r.workKey, evidence, sig) {
             _check(expected, true, "challenge");
-            r.status = WorkLedger.RecordStatus.Disputed;
-            r.dkind = WorkLedger.DisputeKind.Challenge;
-            r.accuser = who;
-            r.voteEnd = time + d.votePeriod;
+            _opened(id, WorkLedger.DisputeKind.Challenge, true, who);
+            _voteOpened(r, d);
             gBondsIn += d.bond;
-            gOpenDisputes[r.provider]++;
-            if (r.voteEnd > gLockedUntil[r.provider]) gLockedUntil[r.provider] = r.voteEnd;
+            _lockUntil(r.provider, r.voteEnd);
         } catch {
             _check(expected, false, "challenge");
         }
     }
 
-    /// @dev A validator votes on an appeal or a challenge (a new block first, so the committee's seed
-    /// block has a hash). Membership is read from the ledger after the draw; the model then decides
-    /// whether the vote may count and whether it ends the dispute.
+    /// @dev Anyone draws the committee of an open vote: one block after its seed block, or more than
+    /// 256 blocks after it (`stale`: every eligible validator sits), with the validator set the dispute
+    /// opened under or (`currentSet`) the pool's set now, which is refused unless it is the same.
+    function drawCommittee(uint256 recSeed, bool stale, bool currentSet) external synced {
+        (bytes32 id, bool found) = _pickDisputed(recSeed);
+        if (!found) return;
+        Rec storage r = recs[id];
+        vm.roll(block.number + (stale ? 257 : 1));
+        address[] memory vs = snapVs[id];
+        uint64[] memory since = snapSince[id];
+        if (currentSet) (vs, since) = pools.validatorEntries(r.poolId);
+        bool sameSet = keccak256(abi.encode(vs, since)) == keccak256(abi.encode(snapVs[id], snapSince[id]));
+        bool expected = _voteOpen(r) && (r.drawn || sameSet);
+        try ledger.drawCommittee(r.poolId, r.workKey, vs, since) {
+            _check(expected, true, "drawCommittee");
+            if (expected && !r.drawn) _drew(id);
+        } catch {
+            _check(expected, false, "drawCommittee");
+        }
+    }
+
+    /// @dev Checks a committee just drawn: its size (every eligible validator of the dispute's set when
+    /// the seed block was stale, else min(committee size, eligible)), and that every member is eligible.
+    function _drew(bytes32 id) internal {
+        Rec storage r = recs[id];
+        WorkLedger.Dispute memory x = ledger.getDispute(r.poolId, r.workKey);
+        if (!x.drawn || x.drawBlock != r.drawBlock || x.round != r.round) {
+            committeeMismatches++;
+            return;
+        }
+        bool stale = block.number > r.drawBlock + 256;
+        if (stale) _hit("drawStale");
+        uint256 eligible = _seatable(id, address(0));
+        uint256 k = pools.disputeTerms(r.poolId).committeeSize;
+        uint256 want = stale || k > eligible ? eligible : k;
+        if (x.size != want) committeeMismatches++;
+        uint256 seated;
+        for (uint256 i; i < validators.length; ++i) {
+            if (ledger.jurorState(r.poolId, r.workKey, validators[i]) == 0) continue;
+            seated++;
+            if (_seatable(id, validators[i]) == 0) ineligibleJurors++;
+        }
+        if (seated != want) committeeMismatches++;
+        if (
+            ledger.jurorState(r.poolId, r.workKey, r.accuser) != 0
+                || ledger.jurorState(r.poolId, r.workKey, r.provider) != 0
+        ) partiesOnCommittee++;
+        r.drawn = true;
+        r.size = x.size;
+    }
+
+    /// @dev How many entries of the set `id`'s dispute opened under may sit on its committee (not a
+    /// party, named at or before the record was recorded); only those equal to `who` unless it is 0.
+    function _seatable(bytes32 id, address who) internal view returns (uint256 n) {
+        Rec storage r = recs[id];
+        address[] storage vs = snapVs[id];
+        uint64[] storage since = snapSince[id];
+        for (uint256 i; i < vs.length; ++i) {
+            if (who != address(0) && vs[i] != who) continue;
+            if (vs[i] != r.accuser && vs[i] != r.provider && since[i] <= r.recordedAt) n++;
+        }
+    }
+
+    /// @dev A drawn juror votes on an appeal or a challenge (the committee is drawn first if it was
+    /// not; a juror the owner removed from the pool since still votes). The model decides whether the
+    /// vote may count and whether it ends the dispute.
     function vote(uint256 recSeed, uint256 jurorSeed, bool uphold) external synced {
         (bytes32 id, bool found) = _pickDisputed(recSeed);
         if (!found) return;
         Rec storage r = recs[id];
-        vm.roll(block.number + 1);
-        if (_open(r)) ledger.drawCommittee(r.poolId, r.workKey, pools.validatorsOf(r.poolId));
-        address who = jurors[jurorSeed % 4];
+        if (_voteOpen(r) && !r.drawn) {
+            vm.roll(block.number + 1);
+            try ledger.drawCommittee(r.poolId, r.workKey, snapVs[id], snapSince[id]) {
+                _drew(id);
+            } catch {
+                _check(true, false, "drawCommittee");
+            }
+        }
+        address who = validators[jurorSeed % validators.length];
         if (_guided(jurorSeed)) {
-            for (uint256 j; j < 4; ++j) {
-                address cand = jurors[(jurorSeed + j) % 4];
+            for (uint256 j; j < validators.length; ++j) {
+                address cand = validators[(jurorSeed % validators.length + j) % validators.length];
                 if (ledger.jurorState(r.poolId, r.workKey, cand) == 1) {
                     who = cand;
                     break;
                 }
             }
         }
-        WorkLedger.Dispute memory x = ledger.getDispute(r.poolId, r.workKey);
-        bool expected = _open(r) && time < r.voteEnd && ledger.jurorState(r.poolId, r.workKey, who) == 1;
-        uint256 half = uint256(x.size) / 2;
-        bool decides = expected && (uphold ? x.upheld + 1 > half : x.overturned + 1 > half);
-        Slash memory sl = _expectedSlash(r.provider, pools.poolTerms(r.poolId).slashAmount);
-        uint256 accBefore = token.balanceOf(r.accuser);
-        uint256 provBefore = token.balanceOf(r.provider);
-        for (uint256 j; j < 4; ++j) {
-            address a = jurors[j];
-            if ((a == r.accuser || a == r.provider) && ledger.jurorState(r.poolId, r.workKey, a) != 0) partiesOnCommittee++;
-        }
-        if (x.drawn && x.size != 3) committeeMismatches++;
+        bool expected = _voteOpen(r) && time < r.voteEnd && ledger.jurorState(r.poolId, r.workKey, who) == 1;
+        uint256 half = uint256(r.size) / 2;
+        bool decides = expected && (uphold ? r.up + 1 > half : r.down + 1 > half);
+        Slash memory sl = _before(r);
+        bool removed = gSince[r.poolId][who] == 0;
         vm.prank(who);
         try ledger.vote(r.poolId, r.workKey, uphold) {
             _check(expected, true, "vote");
-            if (decides) {
-                _settle(r, uphold ? WorkLedger.Verdict.Upheld : WorkLedger.Verdict.Overturned, sl, accBefore, provBefore);
-            }
+            if (removed) _hit("voteByRemovedJuror");
+            if (uphold) r.up++;
+            else r.down++;
+            if (decides) _settle(r, uphold ? WorkLedger.Verdict.Upheld : WorkLedger.Verdict.Overturned, sl);
         } catch {
             _check(expected, false, "vote");
         }
     }
 
-    /// @dev Anyone closes an appeal or a challenge whose vote period ended undecided.
+    /// @dev Anyone closes an appeal or a challenge whose vote period ended undecided: the votes cast
+    /// decide when they differ, else it lapses.
     function resolveLapsed(uint256 recSeed) external synced {
         (bytes32 id, bool found) = _pickDisputed(recSeed);
         if (!found) return;
         Rec storage r = recs[id];
-        bool expected = _open(r) && time >= r.voteEnd;
-        uint256 accBefore = token.balanceOf(r.accuser);
-        uint256 provBefore = token.balanceOf(r.provider);
-        Slash memory sl;
+        bool expected = _voteOpen(r) && time >= r.voteEnd;
+        WorkLedger.Verdict v = r.up > r.down
+            ? WorkLedger.Verdict.Upheld
+            : (r.down > r.up ? WorkLedger.Verdict.Overturned : WorkLedger.Verdict.Lapsed);
+        Slash memory sl = _before(r);
         vm.prank(outsider);
         try ledger.resolveLapsed(r.poolId, r.workKey) {
             _check(expected, true, "resolveLapsed");
-            _settle(r, WorkLedger.Verdict.Lapsed, sl, accBefore, provBefore);
+            if (v == WorkLedger.Verdict.Lapsed && r.dkind == WorkLedger.DisputeKind.Challenge) _hit("lapsedChallenge");
+            if (v == WorkLedger.Verdict.Lapsed && r.dkind == WorkLedger.DisputeKind.Appeal) _hit("lapsedAppeal");
+            if (v != WorkLedger.Verdict.Lapsed) _hit("decidedByVotesCast");
+            _settle(r, v, sl);
         } catch {
             _check(expected, false, "resolveLapsed");
         }
@@ -815,6 +1003,104 @@ contract Handler is TestBase {
         return (recIds[start], true);
     }
 
+    function _voteOpen(Rec storage r) internal view returns (bool) {
+        return r.verdict == WorkLedger.Verdict.Open
+            && (r.dkind == WorkLedger.DisputeKind.Appeal || r.dkind == WorkLedger.DisputeKind.Challenge);
+    }
+
+    /// @dev The model's slash of `r`'s provider should its dispute stand (unbonding first, then staked;
+    /// a bounty only for a verdict reached by a vote), and the balances a verdict moves.
+    function _before(Rec storage r) internal view returns (Slash memory sl) {
+        address p = r.provider;
+        uint256 amount = pools.poolTerms(r.poolId).slashAmount;
+        sl.fromUnbonding = amount < gUnbonding[p] ? amount : gUnbonding[p];
+        uint256 rest = amount - sl.fromUnbonding;
+        sl.fromStaked = rest < gStaked[p] ? rest : gStaked[p];
+        if (r.dkind != WorkLedger.DisputeKind.Accusation) {
+            sl.bounty = (sl.fromUnbonding + sl.fromStaked) * bountyBps / 10_000;
+            if (sl.bounty > maxBounty) sl.bounty = maxBounty;
+        }
+        sl.treasuryBefore = token.balanceOf(treasury);
+        sl.accBefore = token.balanceOf(r.accuser);
+        sl.provBefore = token.balanceOf(p);
+    }
+
+    /// @dev Applies a verdict the ledger reached to the model, and checks who was paid what: bonds to
+    /// the winner (each back on a lapse, less the lapse fee of a challenge), the revoked reward to the
+    /// treasury, a slash only for a hard dispute that stood.
+    function _settle(Rec storage r, WorkLedger.Verdict v, Slash memory sl) internal {
+        r.verdict = v;
+        gOpenDisputes[r.provider]--;
+        uint256 bond = pools.disputeTerms(r.poolId).bond;
+        uint256 accBond = r.hard ? bond : 0;
+        uint256 held = accBond + (r.dkind == WorkLedger.DisputeKind.Appeal ? bond : 0);
+        uint256 accGets;
+        uint256 provGets;
+        uint256 toTreasury;
+        if (v == WorkLedger.Verdict.Upheld) {
+            toTreasury = _revoke(r);
+            accGets = held;
+            if (r.hard) {
+                toTreasury += _slash(r, sl);
+                accGets += sl.bounty;
+            }
+        } else if (v == WorkLedger.Verdict.Overturned) {
+            provGets = held;
+            _reopen(r);
+        } else if (r.dkind == WorkLedger.DisputeKind.Appeal) {
+            accGets = accBond;
+            provGets = bond;
+            toTreasury = _revoke(r);
+        } else {
+            uint256 fee = held * ledger.LAPSE_FEE_BPS() / 10_000;
+            accGets = held - fee;
+            toTreasury = fee;
+            gLapseFees += fee;
+            _reopen(r);
+        }
+        gBondsPaid += held;
+        if (token.balanceOf(r.accuser) - sl.accBefore != accGets) paymentMismatches++;
+        if (token.balanceOf(r.provider) - sl.provBefore != provGets) paymentMismatches++;
+        if (token.balanceOf(treasury) - sl.treasuryBefore != toTreasury) paymentMismatches++;
+    }
+
+    /// @dev A revoked record: its units leave the pending total and its reserved reward the budget, to
+    /// the treasury.
+    function _revoke(Rec storage r) internal returns (uint256 reward) {
+        r.invalidations++;
+        r.status = WorkLedger.RecordStatus.Invalidated;
+        gPendingUnits[r.poolId] -= r.units;
+        gInvalidatedUnits[r.poolId] += r.units;
+        reward = uint256(r.units) * _rate(r.poolId);
+        gForfeited[r.poolId] += reward;
+        gTotalForfeited += reward;
+    }
+
+    /// @dev Returns what of the slash goes to the treasury.
+    function _slash(Rec storage r, Slash memory sl) internal returns (uint256) {
+        address p = r.provider;
+        uint256 slashed = sl.fromUnbonding + sl.fromStaked;
+        gUnbonding[p] -= sl.fromUnbonding;
+        gStaked[p] -= sl.fromStaked;
+        gSlashed[p] += slashed;
+        gTotalSlashed += slashed;
+        gTotalBounty += sl.bounty;
+        return slashed - sl.bounty;
+    }
+
+    /// @dev A dispute that did not stand: the record is pending again with the time its window had left
+    /// when the dispute opened, and the stake stays until then.
+    function _reopen(Rec storage r) internal {
+        r.status = WorkLedger.RecordStatus.Pending;
+        uint256 left = r.deadline > r.openedAt ? r.deadline - r.openedAt : 0;
+        uint256 end = time + left;
+        if (end > r.deadline) {
+            r.deadline = end;
+            _lockUntil(r.provider, end);
+            _hit("reopenedLater");
+        }
+    }
+
     function claim(uint256 recSeed) external synced {
         (bytes32 id, bool found) = _pickRec(recSeed);
         if (found) _claimRec(id);
@@ -823,7 +1109,9 @@ contract Handler is TestBase {
     function _claimRec(bytes32 id) internal {
         Rec storage r = recs[id];
         uint256 reward = uint256(r.units) * _rate(r.poolId);
-        bool expected = r.status == WorkLedger.RecordStatus.Pending && time >= r.deadline && reward <= _budget(r.poolId);
+        bool expected =
+            r.status == WorkLedger.RecordStatus.Pending && time >= r.deadline && reward <= _budget(r.poolId);
+        bool disputed = r.dkind != WorkLedger.DisputeKind.None && r.verdict == WorkLedger.Verdict.Open;
         uint256 before = token.balanceOf(r.provider);
         bytes32[] memory ks = new bytes32[](1);
         ks[0] = r.workKey;
@@ -831,6 +1119,7 @@ contract Handler is TestBase {
         try ledger.claim(r.poolId, ks) returns (uint256 paid) {
             _check(expected, true, "claim");
             if (time < r.deadline) claimsBeforeDeadline++;
+            if (disputed) claimsWhileDisputed++;
             r.claims++;
             r.status = WorkLedger.RecordStatus.Claimed;
             gPendingUnits[r.poolId] -= r.units;
@@ -888,8 +1177,10 @@ contract Handler is TestBase {
         }
     }
 
+    /// @dev Moves the clock: usually by minutes (so records stay open to disputes for a while), one
+    /// time in four by up to three days.
     function warp(uint256 secs) external {
-        time += bound(secs, 0, 3 days);
+        time += secs % 4 == 0 ? bound(secs, 0, 3 days) : bound(secs, 0, 30 minutes);
         vm.warp(time);
     }
 
@@ -932,15 +1223,10 @@ contract Handler is TestBase {
                 err = e;
             }
         } else if (which == 1) {
-            if (who == validator) return;
-            (bytes32 id,) = _pickRec(seed);
+            bool skip;
+            (skip, ok, err) = _invalidateAsOutsider(who, seed);
+            if (skip) return;
             want = WorkLedger.NotValidator.selector;
-            vm.prank(who);
-            try ledger.invalidateWork(poolId, recs[id].workKey, bytes32(0), true) {
-                ok = true;
-            } catch (bytes memory e) {
-                err = e;
-            }
         } else if (which == 2) {
             (bytes32 id, bool found) = _pickRec(seed);
             if (!found || who == recs[id].provider) return;
@@ -1068,6 +1354,26 @@ contract Handler is TestBase {
         }
     }
 
+    /// @dev `who` (a validator of neither pool) accuses a record open to accusation (else it would fail
+    /// on that first), signed by its node.
+    function _invalidateAsOutsider(address who, uint256 seed) internal returns (bool skip, bool ok, bytes memory err) {
+        (bytes32 id, bool found) = _pickRec(seed);
+        if (!found || _isValidatorAnywhere(who)) return (true, false, err);
+        Rec storage r = recs[id];
+        if (r.status != WorkLedger.RecordStatus.Pending || time >= r.deadline) return (true, false, err);
+        (bytes memory sig,) = _rolloutSig(r, 4);
+        vm.prank(who);
+        try ledger.invalidateWork(r.poolId, r.workKey, bytes32(0), seed % 4 != 0, sig) {
+            ok = true;
+        } catch (bytes memory e) {
+            err = e;
+        }
+    }
+
+    function _isValidatorAnywhere(address who) internal view returns (bool) {
+        return gSince[poolIds[0]][who] != 0 || gSince[poolIds[1]][who] != 0;
+    }
+
     // ------------------------------------------------------------------ views for the invariants
 
     function recCount() external view returns (uint256) {
@@ -1080,6 +1386,16 @@ contract Handler is TestBase {
 
     function providerCount() external view returns (uint256) {
         return providers.length;
+    }
+
+    function validatorCount() external view returns (uint256) {
+        return validators.length;
+    }
+
+    /// @dev Whether the model holds a dispute of the i-th record open.
+    function disputeOpenAt(uint256 i) external view returns (bool) {
+        Rec storage r = recs[recIds[i]];
+        return r.dkind != WorkLedger.DisputeKind.None && r.verdict == WorkLedger.Verdict.Open;
     }
 
     function successCount(string calldata what) external view returns (uint256) {

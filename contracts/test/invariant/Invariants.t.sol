@@ -17,6 +17,10 @@ abstract contract InvariantsBase is Fixture {
     uint256 internal constant COORD1_PK = 0xC001;
     uint256 internal constant COORD2_PK = 0xC002;
     address internal constant DAVE = address(0xDA);
+    /// @dev Two more validator candidates, named by neither pool at the start (the handler names them).
+    address internal constant JUROR4 = address(0x1A04);
+    address internal constant JUROR5 = address(0x1A05);
+    address[] internal vals;
 
     function setUp() public virtual override {
         super.setUp();
@@ -44,7 +48,10 @@ abstract contract InvariantsBase is Fixture {
             _give(actors[i], 1e24);
         }
         _give(FUNDER, 1e30);
-        _give(VALIDATOR, 1e24); // its accusation bonds
+        vals = [VALIDATOR, JUROR1, JUROR2, JUROR3, JUROR4, JUROR5];
+        for (uint256 i; i < vals.length; ++i) {
+            _give(vals[i], 1e24); // their accusation bonds
+        }
 
         handler = new Handler(
             Handler.Setup({
@@ -61,7 +68,7 @@ abstract contract InvariantsBase is Fixture {
                 providers: actors,
                 poolIds: poolIdsArr,
                 coordPks: [COORD1_PK, COORD2_PK],
-                jurors: [VALIDATOR, JUROR1, JUROR2, JUROR3]
+                validators: vals
             })
         );
         // Seed budgets through the handler so its ghosts see them.
@@ -69,7 +76,7 @@ abstract contract InvariantsBase is Fixture {
         handler.fundPool(1, 1e21);
 
         targetContract(address(handler));
-        bytes4[] memory sels = new bytes4[](26);
+        bytes4[] memory sels = new bytes4[](29);
         sels[0] = Handler.register.selector;
         sels[1] = Handler.stake.selector;
         sels[2] = Handler.unstake.selector;
@@ -96,6 +103,9 @@ abstract contract InvariantsBase is Fixture {
         sels[23] = Handler.challenge.selector;
         sels[24] = Handler.vote.selector;
         sels[25] = Handler.resolveLapsed.selector;
+        sels[26] = Handler.addValidator.selector;
+        sels[27] = Handler.removeValidator.selector;
+        sels[28] = Handler.drawCommittee.selector;
         targetSelector(FuzzSelector({addr: address(handler), selectors: sels}));
     }
 
@@ -165,17 +175,24 @@ abstract contract InvariantsBase is Fixture {
         assertEq(registry.totalUnbonding(), unbonding, "totalUnbonding");
         assertEq(token.balanceOf(address(registry)), staked + unbonding, "registry balance");
         assertEq(deposited, staked + unbonding + out, "deposits");
-        // Bounties go to accusers (checked per payment by the handler); the treasury gets the rest.
-        assertEq(token.balanceOf(TREASURY), handler.gTotalSlashed() - handler.gTotalBounty(), "slash proceeds");
+        // Bounties go to accusers (checked per payment by the handler); the treasury gets the rest of
+        // every slash, every revoked reward and every lapse fee.
+        assertEq(
+            token.balanceOf(TREASURY),
+            handler.gTotalSlashed() - handler.gTotalBounty() + handler.gTotalForfeited() + handler.gLapseFees(),
+            "treasury"
+        );
     }
 
     /// @dev No token is created or lost: the holders' balances add up to the supply.
     function _check_tokenSupplyAccountedFor() internal view {
         uint256 sum = token.balanceOf(address(registry)) + token.balanceOf(address(ledger)) + token.balanceOf(TREASURY)
-            + token.balanceOf(VALIDATOR) + token.balanceOf(FUNDER) + token.balanceOf(POOL_OWNER)
-            + token.balanceOf(STRANGER);
+            + token.balanceOf(FUNDER) + token.balanceOf(POOL_OWNER) + token.balanceOf(STRANGER);
         for (uint256 i; i < actors.length; ++i) {
             sum += token.balanceOf(actors[i]);
+        }
+        for (uint256 i; i < vals.length; ++i) {
+            sum += token.balanceOf(vals[i]);
         }
         assertEq(sum, token.totalSupply(), "supply");
     }
@@ -225,9 +242,14 @@ abstract contract InvariantsBase is Fixture {
             uint256 id = poolIdsArr[i];
             WorkLedger.PoolAccount memory a = ledger.poolAccount(id);
             assertEq(
-                uint256(a.budget) + a.claimedTokens,
+                uint256(a.budget) + a.claimedTokens + a.forfeitedTokens,
                 handler.gFunded(id) - handler.gSurplusWithdrawn(id),
-                "budget + claimed == funded - withdrawn"
+                "budget + claimed + forfeited == funded - withdrawn"
+            );
+            assertEq(uint256(a.forfeitedTokens), handler.gForfeited(id), "forfeited tokens");
+            // A revoked reward never comes back: forfeited tokens are exactly the invalidated units' rewards.
+            assertEq(
+                uint256(a.forfeitedTokens), uint256(a.invalidatedUnits) * pools.poolTerms(id).rewardRate, "forfeited"
             );
             assertEq(
                 uint256(a.recordedUnits),
@@ -245,12 +267,15 @@ abstract contract InvariantsBase is Fixture {
     }
 
     /// @dev Bonds in = bonds paid + bonds held; no slash before its appeal ended or was decided; the
-    /// parties never sit on their own committee.
+    /// parties never sit on their own committee, nor anyone outside the set the dispute opened under or
+    /// named after the work; a record is never claimable (nor claimed) while a dispute of it is open.
     function _check_disputes() internal view {
         assertEq(handler.gBondsIn(), handler.gBondsPaid() + ledger.bondsHeld(), "bonds in == paid + held");
         assertEq(handler.slashesBeforeAppealEnd(), 0, "slash before the appeal period ended");
         assertEq(handler.partiesOnCommittee(), 0, "a party on its own committee");
-        assertEq(handler.committeeMismatches(), 0, "committee size");
+        assertEq(handler.committeeMismatches(), 0, "committee size or set");
+        assertEq(handler.ineligibleJurors(), 0, "an ineligible juror drawn");
+        assertEq(handler.claimsWhileDisputed(), 0, "claimed while disputed");
         uint256 n = handler.recCount();
         for (uint256 i; i < n; ++i) {
             Handler.Rec memory g = handler.recAt(i);
@@ -258,6 +283,18 @@ abstract contract InvariantsBase is Fixture {
             assertTrue(x.kind == g.dkind, "dispute kind");
             assertTrue(x.verdict == g.verdict, "verdict");
             assertEq(x.accuser, g.accuser, "accuser");
+            assertEq(x.hard, g.hard, "hard");
+            assertEq(uint256(x.round), uint256(g.round), "round");
+            if (g.dkind != WorkLedger.DisputeKind.None) {
+                assertEq(uint256(x.openedAt), g.openedAt, "opened at");
+                assertEq(uint256(x.recordedAt), g.recordedAt, "recorded at");
+                assertEq(uint256(x.openedBlock), g.openedBlock, "opened in block");
+            }
+            if (handler.disputeOpenAt(i)) {
+                assertTrue(g.status == WorkLedger.RecordStatus.Disputed, "open dispute, disputed record");
+                assertFalse(_isClaimable(g.poolId, g.workKey), "claimable while disputed");
+                assertEq(uint256(ledger.lockedUntil(g.provider)), type(uint64).max, "stake locked while disputed");
+            }
         }
     }
 
@@ -293,6 +330,26 @@ abstract contract InvariantsBase is Fixture {
         assertEq(handler.paymentMismatches(), 0, "payment");
     }
 
+    /// @dev Each provider's stake floor is the sum of the minimums of the distinct pools it is in.
+    function _check_floorsMatchModel() internal view {
+        for (uint256 i; i < actors.length; ++i) {
+            assertEq(pools.stakeFloor(actors[i]), handler.gFloor(actors[i]), "stake floor");
+        }
+    }
+
+    /// @dev The validator sets agree with the model (who, and when each was named).
+    function _check_validatorsMatchModel() internal view {
+        for (uint256 i; i < 2; ++i) {
+            uint256 id = poolIdsArr[i];
+            for (uint256 j; j < vals.length; ++j) {
+                assertEq(uint256(pools.validatorSince(id, vals[j])), handler.gSince(id, vals[j]), "validator since");
+            }
+            assertEq(pools.validatorsOf(id).length, handler.gValidatorCount(id), "validator count");
+            (address[] memory vs, uint64[] memory since) = pools.validatorEntries(id);
+            assertEq(pools.validatorSetHash(id), keccak256(abi.encode(vs, since)), "validator set hash");
+        }
+    }
+
     /// @dev Membership agrees with the model and only bound nodes are members.
     function _check_membershipMatchesModel() internal view {
         for (uint256 i; i < 12; ++i) {
@@ -305,8 +362,10 @@ abstract contract InvariantsBase is Fixture {
 }
 
 /// @notice Protocol invariants under random sequences of register/stake/unstake/withdraw/addNode/
-/// removeNode/join/leave/eject/blacklist/record/invalidate/claim/fund/withdrawSurplus/warp and calls
-/// from wrong accounts, driven by `Handler` (see its ghost variables).
+/// removeNode/join/leave/eject/blacklist/record/invalidate/claim/fund/withdrawSurplus/warp, the dispute
+/// actions (accuse soft or hard, appeal, challenge, draw, vote, resolve, finalize; records reopened and
+/// disputed again), validator-set changes and calls from wrong accounts, driven by `Handler` (see its
+/// ghost variables).
 contract InvariantsTest is InvariantsBase {
     function setUp() public override {
         super.setUp();
@@ -364,6 +423,14 @@ contract InvariantsTest is InvariantsBase {
     function invariant_membershipMatchesModel() public view {
         _check_membershipMatchesModel();
     }
+
+    function invariant_floorsMatchModel() public view {
+        _check_floorsMatchModel();
+    }
+
+    function invariant_validatorsMatchModel() public view {
+        _check_validatorsMatchModel();
+    }
 }
 
 /// @notice Runs the handler through a fixed script, to show that every action can succeed (so the
@@ -378,17 +445,21 @@ contract HandlerSmokeTest is InvariantsBase {
         handler.addNode(0, 2, 1); // node 2 -> ALICE
         handler.joinPool(0, 0); // node 0 -> pool 1
         handler.joinPool(1, 1); // node 1 -> pool 2
-        handler.joinPool(2, 0); // node 2 -> pool 1
+        handler.joinPool(2, 0); // node 2 -> pool 1: its minimum counts once in ALICE's floor
+        assertEq(pools.stakeFloor(ALICE), 100e18);
         handler.recordWork(0, 0, 2, 1); // pool 1: nodes 0 and 2
         handler.recordWork(1, 1, 1, 2); // pool 2: node 1
         handler.recordDuplicate(0, 0);
         assertEq(handler.recCount(), 3);
-        handler.invalidateWork(0, bytes32(uint256(4))); // soft: revoked, no slash
+        handler.invalidateWork(0, 0, bytes32(uint256(4)), 4); // soft: an accusation without a bond
+        assertTrue(handler.recAt(0).status == WorkLedger.RecordStatus.Disputed);
         handler.warpToDeadline(1, 2); // one second after record 1's deadline
         handler.claim(1);
-        handler.invalidateWork(1, bytes32(uint256(1))); // refused: already claimed
+        handler.invalidateWork(1, 0, bytes32(uint256(1)), 4); // refused: already claimed
         handler.warp(2 days);
         handler.claim(2);
+        handler.finalizeInvalidation(0); // the soft accusation stands: revoked, reward to the treasury
+        assertTrue(handler.recAt(0).status == WorkLedger.RecordStatus.Invalidated);
         handler.leavePool(2, 0);
         handler.removeNode(2);
         handler.ejectNode(1, 1);
@@ -405,10 +476,10 @@ contract HandlerSmokeTest is InvariantsBase {
         handler.joinPool(3, 1); // node 3 -> pool 2
         handler.recordWork(1, 3, 1, 4);
         assertEq(handler.recCount(), 4);
-        handler.settleAtDeadline(3, 0, true); // one second before: claim refused, invalidation accepted
-        assertTrue(handler.recAt(3).status == WorkLedger.RecordStatus.Invalidated);
+        handler.settleAtDeadline(3, 0, true); // one second before: claim refused, (soft) accusation accepted
+        assertTrue(handler.recAt(3).status == WorkLedger.RecordStatus.Disputed);
         handler.recordWork(1, 3, 1, 5);
-        handler.settleAtDeadline(4, 1, false); // at the deadline: invalidation refused, claim accepted
+        handler.settleAtDeadline(4, 1, false); // at the deadline: accusation refused, claim accepted
         assertTrue(handler.recAt(4).status == WorkLedger.RecordStatus.Claimed);
         for (uint256 w; w < 15; ++w) {
             handler.tryUnauthorized(w, w, w);
@@ -419,31 +490,55 @@ contract HandlerSmokeTest is InvariantsBase {
             handler.recordWork(1, 3, 1, j); // records 5..8, BOB's node 3
         }
         assertEq(handler.recCount(), 9);
-        uint256 g = uint256(1) << 128; // guided: the handler picks a drawn juror
-        handler.invalidateWork(5, bytes32(uint256(1))); // accused
+        uint256 g = uint256(1) << 128; // guided: the handler picks a validator that may act, a drawn juror
+        handler.invalidateWork(5, g, bytes32(uint256(1)), 1); // a forged signature: refused
+        assertTrue(handler.recAt(5).status == WorkLedger.RecordStatus.Pending);
+        handler.invalidateWork(5, g, bytes32(uint256(1)), 4); // accused, signed by the node
         handler.appeal(5);
+        handler.warp(10 minutes);
         handler.vote(5, g, false);
-        handler.vote(5, g + 1, false); // two of three: overturned
+        handler.vote(5, g + 1, false); // two of three: overturned, the record has its day back
         assertTrue(handler.recAt(5).verdict == WorkLedger.Verdict.Overturned);
         assertTrue(handler.recAt(5).status == WorkLedger.RecordStatus.Pending);
-        handler.invalidateWork(6, bytes32(uint256(1))); // accused, never appealed
-        handler.challenge(7, 0, bytes32("wrong")); // ALICE challenges BOB's record
+        handler.challenge(5, 0, bytes32("again"), 4); // ALICE challenges the reopened record
+        handler.warp(2 hours);
+        handler.resolveLapsed(5); // nobody voted: lapsed, the challenger pays the fee, reopened again
+        assertTrue(handler.recAt(5).verdict == WorkLedger.Verdict.Lapsed);
+        assertTrue(handler.recAt(5).status == WorkLedger.RecordStatus.Pending);
+        handler.invalidateWork(6, g, bytes32(uint256(4)), 4); // soft
+        handler.appeal(6); // a soft accusation appealed
+        handler.vote(6, g, true);
+        handler.vote(6, g + 1, true); // upheld: revoked, not slashed
+        assertTrue(handler.recAt(6).status == WorkLedger.RecordStatus.Invalidated);
+        handler.challenge(7, 0, bytes32("wrong"), 4); // ALICE challenges BOB's record
         handler.vote(7, g + 2, true);
         handler.vote(7, g + 3, true); // upheld: BOB slashed, ALICE paid
         assertTrue(handler.recAt(7).verdict == WorkLedger.Verdict.Upheld);
-        handler.challenge(8, 0, bytes32("maybe"));
-        handler.finalizeInvalidation(6); // refused: the appeal period is not over
-        handler.warp(2 hours);
-        handler.resolveLapsed(8); // nobody voted: lapsed, bonds back
-        assertTrue(handler.recAt(8).verdict == WorkLedger.Verdict.Lapsed);
-        handler.warp(1 days);
-        handler.finalizeInvalidation(6);
-        assertTrue(handler.recAt(6).status == WorkLedger.RecordStatus.Invalidated);
+        handler.invalidateWork(8, g, bytes32(uint256(1)), 4); // hard, never appealed
+        handler.finalizeInvalidation(8); // refused: the appeal period is not over
 
-        string[22] memory names = [
-            "register", "stake", "unstake", "withdraw", "addNode", "removeNode", "joinPool", "leavePool",
-            "ejectNode", "blacklistNode", "recordWork", "softInvalidate", "accuse", "claim", "fundPool",
-            "withdrawSurplus", "setBounty", "finalizeInvalidation", "appeal", "challenge", "vote", "resolveLapsed"
+        // The owner changes the validator set while a dispute is open; its committee does not change.
+        handler.addValidator(1, g + 4); // JUROR4 named in pool 2
+        handler.recordWork(1, 3, 1, 10); // record 9, after JUROR4 was named
+        handler.challenge(9, 0, bytes32("late"), 4);
+        handler.removeValidator(4, g + 1); // JUROR1 removed from pool 2
+        handler.drawCommittee(9, false, true); // refused: not the set the challenge opened under
+        handler.drawCommittee(9, true, false); // stale seed: every eligible validator sits
+        assertEq(uint256(ledger.getDispute(poolIdsArr[1], handler.recAt(9).workKey).size), 5);
+        handler.vote(9, g + 1, false); // JUROR1, removed since, still votes
+        handler.vote(9, g + 2, false);
+        handler.vote(9, g + 3, false); // three of five: overturned
+        assertTrue(handler.recAt(9).verdict == WorkLedger.Verdict.Overturned);
+        handler.warp(1 days);
+        handler.finalizeInvalidation(8);
+        assertTrue(handler.recAt(8).status == WorkLedger.RecordStatus.Invalidated);
+
+        string[32] memory names = [
+            "register", "stake", "unstake", "withdraw", "addNode", "removeNode", "joinPool", "joinPoolAgain",
+            "leavePool", "ejectNode", "blacklistNode", "recordWork", "softInvalidate", "accuse", "claim",
+            "fundPool", "withdrawSurplus", "setBounty", "finalizeInvalidation", "appeal", "softAppeal",
+            "challenge", "vote", "voteByRemovedJuror", "resolveLapsed", "lapsedChallenge", "reDispute",
+            "reopenedLater", "addValidator", "removeValidator", "drawCommittee", "drawStale"
         ];
         for (uint256 i; i < names.length; ++i) {
             assertGt(handler.successCount(names[i]), 0, names[i]);
@@ -464,5 +559,84 @@ contract HandlerSmokeTest is InvariantsBase {
         _check_disputes();
         _check_callsMatchModel();
         _check_membershipMatchesModel();
+        _check_floorsMatchModel();
+        _check_validatorsMatchModel();
+    }
+}
+
+/// @notice The handler driven by a seeded random walk instead of the invariant fuzzer: every action
+/// with uniformly random arguments (the fuzzer favours small dictionary values, which the handler
+/// never guides), 1,500 steps per seed, every invariant checked along the way. Together with the
+/// campaign this reaches the long dispute paths: re-disputes of reopened records, soft appeals,
+/// lapsed challenges, stale draws and validator-set changes while disputes are open.
+contract HandlerRandomWalkTest is InvariantsBase {
+    function setUp() public override {
+        super.setUp();
+        _prepopulate();
+    }
+
+    /// forge-config: default.fuzz.runs = 16
+    function testFuzz_handler_randomWalk(uint256 seed) public {
+        for (uint256 i; i < 1_500; ++i) {
+            seed = uint256(keccak256(abi.encode(seed, i)));
+            _step(seed);
+            if (i % 250 == 249) _checkAll();
+        }
+        _checkAll();
+    }
+
+    function _step(uint256 seed) internal {
+        uint256 w = seed % 29;
+        uint256 a = uint256(keccak256(abi.encode(seed, 1)));
+        uint256 b = uint256(keccak256(abi.encode(seed, 2)));
+        uint256 c = uint256(keccak256(abi.encode(seed, 3)));
+        uint256 d = uint256(keccak256(abi.encode(seed, 4)));
+        if (w == 0) handler.register(a, b);
+        else if (w == 1) handler.stake(a, b);
+        else if (w == 2) handler.unstake(a, b);
+        else if (w == 3) handler.withdraw(a);
+        else if (w == 4) handler.addNode(a, b, uint64(c));
+        else if (w == 5) handler.removeNode(a);
+        else if (w == 6) handler.joinPool(a, b);
+        else if (w == 7) handler.leavePool(a, b);
+        else if (w == 8) handler.ejectNode(a, b);
+        else if (w == 9) handler.blacklistNode(a, b);
+        else if (w == 10) handler.recordWork(a, b, c, d);
+        else if (w == 11) handler.recordDuplicate(a, b);
+        else if (w == 12) handler.invalidateWork(a, b, bytes32(c), d);
+        else if (w == 13) handler.claim(a);
+        else if (w == 14) handler.fundPool(a, b);
+        else if (w == 15) handler.withdrawSurplus(a, b);
+        else if (w == 16) handler.setBounty(uint16(a), b);
+        else if (w == 17) handler.warp(a);
+        else if (w == 18) handler.warpToDeadline(a, b);
+        else if (w == 19) handler.tryUnauthorized(a, b, c);
+        else if (w == 20) handler.settleAtDeadline(a, b, c % 2 == 0);
+        else if (w == 21) handler.finalizeInvalidation(a);
+        else if (w == 22) handler.appeal(a);
+        else if (w == 23) handler.challenge(a, b, bytes32(c), d);
+        else if (w == 24) handler.vote(a, b, c % 3 != 0);
+        else if (w == 25) handler.resolveLapsed(a);
+        else if (w == 26) handler.addValidator(a, b);
+        else if (w == 27) handler.removeValidator(a, b);
+        else handler.drawCommittee(a, b % 2 == 0, c % 3 == 0);
+    }
+
+    function _checkAll() internal view {
+        _check_callsMatchModel();
+        _check_stakeConservationPerProvider();
+        _check_stakeConservationTotal();
+        _check_tokenSupplyAccountedFor();
+        _check_noClaimBeforeDeadline();
+        _check_noInvalidationAtOrAfterDeadline();
+        _check_noRecordSettledTwice();
+        _check_onlyAuthorizedCallers();
+        _check_ledgerPoolAccounting();
+        _check_reservedWithinFunds();
+        _check_stakeBacksWork();
+        _check_disputes();
+        _check_membershipMatchesModel();
+        _check_floorsMatchModel();
+        _check_validatorsMatchModel();
     }
 }

@@ -57,6 +57,10 @@ abstract contract Fixture is Test {
 
     uint256 internal _nextNonce = 1;
     uint256 internal _nextKey = 1;
+    /// @dev Node keys by address (set by `_addNode`), and each recorded work key's node (by `_record`):
+    /// what `_rolloutSig` signs with.
+    mapping(address => uint256) internal _pkOf;
+    mapping(uint256 => mapping(bytes32 => address)) internal _nodeOfWork;
 
     function setUp() public virtual {
         COORD = vm.addr(COORD_PK);
@@ -147,6 +151,7 @@ abstract contract Fixture is Test {
 
     function _addNode(address provider, uint256 nodePk, uint64 computeUnits) internal returns (address node) {
         node = vm.addr(nodePk);
+        _pkOf[node] = nodePk;
         bytes memory sig = _nodeSig(nodePk, provider);
         vm.prank(provider);
         registry.addNode(node, computeUnits, sig);
@@ -237,6 +242,9 @@ abstract contract Fixture is Test {
     }
 
     function _record(uint256 poolId, WorkLedger.WorkInput[] memory batch) internal {
+        for (uint256 i; i < batch.length; ++i) {
+            _nodeOfWork[poolId][batch[i].workKey] = batch[i].node;
+        }
         vm.prank(COORD);
         ledger.recordWork(poolId, batch);
     }
@@ -271,10 +279,32 @@ abstract contract Fixture is Test {
     /// end of the appeal period; the clock then goes back to where it was.
     function _slashNow(uint256 poolId, bytes32 key, bytes32 evidence) internal {
         uint256 t = block.timestamp;
+        // Signed first: the prank is for the next call, and `_rolloutSig` calls the ledger.
+        bytes memory sig = _rolloutSig(poolId, key);
         vm.prank(VALIDATOR);
-        ledger.invalidateWork(poolId, key, evidence, true);
+        ledger.invalidateWork(poolId, key, evidence, true, sig);
         vm.warp(ledger.getDispute(poolId, key).appealEnd);
         ledger.finalizeInvalidation(poolId, key);
         vm.warp(t);
+    }
+
+    /// @dev The recorded node's EIP-712 `Rollout` signature over `key` in `poolId` (what its file carries).
+    function _rolloutSig(uint256 poolId, bytes32 key) internal view returns (bytes memory) {
+        uint256 pk = _pkOf[_nodeOfWork[poolId][key]];
+        require(pk != 0, "no node key for this work");
+        return _sign(pk, ledger.rolloutDigest(poolId, key));
+    }
+
+    /// @dev Draws the committee of `key`'s open vote from the pool's current validator set (right when
+    /// the set did not change since the dispute opened).
+    function _draw(uint256 poolId, bytes32 key) internal {
+        (address[] memory vs, uint64[] memory since) = pools.validatorEntries(poolId);
+        ledger.drawCommittee(poolId, key, vs, since);
+    }
+
+    /// @dev Whether a record is final: pending and at or past its deadline, hence claimable.
+    function _isClaimable(uint256 poolId, bytes32 key) internal view returns (bool) {
+        WorkLedger.Record memory r = ledger.getRecord(poolId, key);
+        return r.status == WorkLedger.RecordStatus.Pending && block.timestamp >= r.deadline;
     }
 }
