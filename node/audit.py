@@ -191,14 +191,12 @@ def rebuild(
                 continue
             rec.verdict = ("open", "upheld", "overturned", "lapsed")[int(a["verdict"])]
             rec.dispute_txs.append(e.tx_hash)
-            # a hard dispute superseding a soft one ends it as lapsed, its bonds (if appealed) to the provider
+            # a hard accusation superseding a soft dispute ends it as lapsed, its bond (if any) to the provider
             superseded = rec.verdict == "lapsed" and rec.soft and a["bondsTo"] == a["provider"]
-            if superseded:
-                rec.status = "pending"
-            elif (rec.verdict == "lapsed" and rec.dispute == "appeal") or (rec.verdict == "upheld" and rec.soft):
+            if not superseded and ((rec.verdict, rec.dispute) == ("lapsed", "appeal") or
+                                   (rec.verdict == "upheld" and rec.soft)):  # fmt: skip
                 rec.status, rec.soft, rec.settled_tx = "invalidated", True, e.tx_hash  # revoked, not slashed
-                if rec.verdict == "upheld":
-                    rec.validator = a["accuser"]
+                rec.validator = a["accuser"]
                 totals.invalidated_units += rec.units
             elif rec.verdict in ("overturned", "lapsed"):
                 rec.status = "pending"

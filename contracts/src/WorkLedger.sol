@@ -403,7 +403,7 @@ contract WorkLedger is IStakeLock, EIP712 {
         external
     {
         bytes32 rk = _key(poolId, workKey);
-        Record storage r = _open(poolId, rk, workKey, true);
+        Record storage r = _open(poolId, rk, workKey, false);
         _checkSigned(poolId, workKey, r.provider, nodeSignature);
         (uint40 voteEnd, uint256 bond) = _challenge(poolId, workKey, rk, r);
         _takeBond(bond);
@@ -633,11 +633,13 @@ contract WorkLedger is IStakeLock, EIP712 {
         return a.budget > owed ? a.budget - owed : 0;
     }
 
-    /// @dev The record `rk` if it can be disputed now (`hard`: with a slash at stake), before its
-    /// deadline: pending (no dispute of it is open), or, for a hard dispute, held by a soft accusation,
-    /// which then ends (superseding can only raise the outcome: a soft accuser holds no bond and no
-    /// claim, and a provider that appealed it gets its bond back). A dispute that did not stand leaves
-    /// its record open again.
+    /// @dev The record `rk` if it can be disputed now, before its deadline: pending (no dispute of it is
+    /// open), or, for a validator's hard accusation (`hard`), held by a soft accusation, which then ends.
+    /// That can only raise the outcome: a soft accuser holds no bond and no claim, a provider that
+    /// appealed it gets its bond back, and the hard accusation ends at worst in a revoke (appealed,
+    /// undecided) or as overturned on a file the committee found sound. (A challenge does not supersede:
+    /// one that lapses would reopen the record without the soft accusation.) A dispute that did not
+    /// stand leaves its record open again.
     function _open(uint256 poolId, bytes32 rk, bytes32 workKey, bool hard) private returns (Record storage r) {
         r = _records[rk];
         RecordStatus s = r.status;

@@ -8,10 +8,11 @@ import {ProviderRegistry} from "../src/ProviderRegistry.sol";
 import {PoolManager} from "../src/PoolManager.sol";
 import {WorkLedger} from "../src/WorkLedger.sol";
 
-/// @notice Issue 38 ("Disputes nobody can game"): the nine attacks of the review, each replayed
-/// against the current contracts and shown REFUSED: the attacker's call reverts with the specific
-/// error, or the attacker gains nothing and the honest party loses nothing. Each test says what the
-/// old contracts allowed (the attacks as they succeeded there were written as tests in the review).
+/// @notice Issue 38 ("Disputes nobody can game"): the nine attacks of the review, and four more found
+/// in the rules that replaced them (10 to 13), each replayed against the current contracts and shown
+/// REFUSED: the attacker's call reverts with the specific error, or the attacker gains nothing and the
+/// honest party loses nothing. Each test says what the old contracts allowed (the attacks as they
+/// succeeded there were written as tests in the review).
 contract DisputeAttacksTest is Fixture {
     uint256 internal constant T0 = 1_700_000_000;
     uint256 internal constant BOND = 10e18;
@@ -504,5 +505,237 @@ contract DisputeAttacksTest is Fixture {
         assertEq(token.balanceOf(VALIDATOR), before, "bond back, no bounty");
         assertEq(token.balanceOf(TREASURY), SLASH + REWARD, "the whole slash and the reward");
         assertEq(registry.getProvider(ALICE).slashed, SLASH);
+    }
+
+    // ------------------------------------------------------------------ 10
+
+    /// @dev Attack 10, "soft-first shield". Earlier rules: nobody could act on a record while a dispute
+    /// of it was open, so a validator colluding with a cheater soft-accused the cheater's record first;
+    /// unappealed it was only revoked (no slash), and every honest validator and challenger was refused
+    /// (AlreadySettled) until it ended. Now a hard accusation supersedes the open soft one (which ends
+    /// Lapsed) and the cheater is slashed.
+    function test_attack10_softFirstShield_anHonestHardAccusationSupersedesIt() public {
+        bytes32 k = _recordOne(poolId, node1, UNITS); // ALICE cheats
+        address colluder = JUROR1;
+        _accuse(colluder, poolId, k, false); // the shield
+        vm.warp(T0 + 1 hours);
+        vm.expectEmit(true, true, true, true, address(ledger));
+        emit WorkLedger.DisputeResolved(
+            poolId, k, WorkLedger.Verdict.Lapsed, WorkLedger.DisputeKind.Accusation, colluder, ALICE, ALICE, 0
+        );
+        _accuse(VALIDATOR, poolId, k, true);
+        WorkLedger.Dispute memory x = ledger.getDispute(poolId, k);
+        assertTrue(x.hard && x.accuser == VALIDATOR && x.verdict == WorkLedger.Verdict.Open);
+        // The colluder cannot take the record back with another soft accusation.
+        vm.expectRevert(
+            abi.encodeWithSelector(WorkLedger.AlreadySettled.selector, k, WorkLedger.RecordStatus.Disputed)
+        );
+        vm.prank(colluder);
+        ledger.invalidateWork(poolId, k, bytes32(0), false, "");
+        vm.warp(x.appealEnd);
+        ledger.finalizeInvalidation(poolId, k);
+        assertEq(registry.getProvider(ALICE).slashed, SLASH, "the cheater is slashed");
+        assertTrue(_status(poolId, k) == WorkLedger.RecordStatus.Invalidated);
+        assertEq(token.balanceOf(TREASURY), SLASH + REWARD);
+    }
+
+    /// @dev Attack 10 with a challenge: a staked provider may not supersede the colluder's soft accusation
+    /// (see why below); a validator's hard accusation does, and the cheater is slashed.
+    function test_attack10_softFirstShield_aChallengeCannotReplaceIt_aValidatorCan() public {
+        bytes32 k = _recordOne(poolId, node1, UNITS);
+        _accuse(JUROR1, poolId, k, false);
+        // A challenge does not supersede: one that lapsed (nobody can judge a withheld file) would reopen
+        // the record without the soft accusation, a way for a cheater's sybil to wipe a revoke for 10%
+        // of a bond.
+        bytes memory sig = _rolloutSig(poolId, k);
+        vm.expectRevert(abi.encodeWithSelector(WorkLedger.AlreadySettled.selector, k, WorkLedger.RecordStatus.Disputed));
+        vm.prank(BOB);
+        ledger.challenge(poolId, k, keccak256("chunk 3 fails"), sig);
+        _accuse(VALIDATOR, poolId, k, true);
+        vm.warp(ledger.getDispute(poolId, k).appealEnd);
+        ledger.finalizeInvalidation(poolId, k);
+        assertEq(registry.getProvider(ALICE).slashed, SLASH, "the cheater is slashed");
+    }
+
+    /// @dev Attack 10 when the cheater also appealed the colluder's soft accusation (so that the
+    /// colluder's friends on the committee could clear it, or it would sit until the vote period
+    /// ended): the honest hard accusation supersedes the open appeal, the cheater gets its appeal bond
+    /// back, and is slashed anyway; its appeal of the hard accusation fails before a committee on
+    /// which the colluder is outvoted, and that bond goes to the honest accuser.
+    function test_attack10_softFirstShield_evenWhenTheCheaterAppealed() public {
+        bytes32 k = _recordOne(poolId, node1, UNITS);
+        address colluder = JUROR1;
+        uint256 aliceStart = token.balanceOf(ALICE);
+        uint256 valStart = token.balanceOf(VALIDATOR);
+        _accuse(colluder, poolId, k, false);
+        vm.prank(ALICE);
+        ledger.appeal(poolId, k);
+        assertEq(ledger.bondsHeld(), BOND);
+        vm.expectEmit(true, true, true, true, address(ledger));
+        emit WorkLedger.DisputeResolved(
+            poolId, k, WorkLedger.Verdict.Lapsed, WorkLedger.DisputeKind.Appeal, colluder, ALICE, ALICE, BOND
+        );
+        _accuse(VALIDATOR, poolId, k, true);
+        assertEq(token.balanceOf(ALICE), aliceStart, "the soft appeal's bond came back");
+        assertEq(ledger.bondsHeld(), BOND, "the accuser's bond only");
+
+        vm.prank(ALICE);
+        ledger.appeal(poolId, k);
+        address[] memory c = _drawn(k); // JUROR1..3: the accuser is not eligible
+        assertEq(c.length, 3);
+        _vote(poolId, k, colluder, false);
+        _vote(poolId, k, JUROR2, true);
+        _vote(poolId, k, JUROR3, true);
+        assertTrue(ledger.getDispute(poolId, k).verdict == WorkLedger.Verdict.Upheld);
+        assertEq(registry.getProvider(ALICE).slashed, SLASH, "the cheater is slashed");
+        assertEq(token.balanceOf(ALICE), aliceStart - BOND, "only the lost hard appeal's bond");
+        assertEq(token.balanceOf(VALIDATOR), valStart + BOND + SLASH / 10, "both bonds and the bounty");
+        assertEq(ledger.bondsHeld(), 0);
+        assertEq(ledger.lockedUntil(ALICE) < type(uint64).max, true, "no dispute left open");
+    }
+
+    // ------------------------------------------------------------------ 11
+
+    /// @dev Attack 11, repeated free soft accusations. Earlier rules: a soft accusation costs nothing,
+    /// and each one overturned on appeal gave the record back the time its window had left, so a
+    /// validator soft-accused an honest record again and again: the provider paid an appeal bond up
+    /// front each time and was never paid. Now an overturned accusation leaves the deadline where it
+    /// was, and a record cleared of a soft accusation may never be softly accused again (by anyone):
+    /// the honest provider claims at its original deadline.
+    function test_attack11_repeatedSoftAccusationsOfAnHonestRecord() public {
+        bytes32 k = _recordOne(poolId, node1, UNITS);
+        uint256 aliceStart = token.balanceOf(ALICE);
+        vm.warp(T0 + 1 hours);
+        _accuse(VALIDATOR, poolId, k, false);
+        vm.prank(ALICE);
+        ledger.appeal(poolId, k);
+        address[] memory c = _drawn(k);
+        vm.warp(T0 + 20 hours);
+        _vote(poolId, k, c[0], false);
+        vm.recordLogs();
+        _vote(poolId, k, c[1], false);
+        Vm.Log[] memory logs = vm.getRecordedLogs();
+        for (uint256 i; i < logs.length; ++i) {
+            assertTrue(logs[i].topics[0] != WorkLedger.WorkReopened.selector, "no time given back");
+        }
+        assertTrue(ledger.getDispute(poolId, k).softCleared);
+        assertEq(uint256(ledger.getRecord(poolId, k).deadline), T0 + 1 days, "the deadline never moved");
+
+        address[4] memory vs = [VALIDATOR, JUROR1, JUROR2, JUROR3];
+        for (uint256 i; i < vs.length; ++i) {
+            vm.expectRevert(abi.encodeWithSelector(WorkLedger.SoftAccusedBefore.selector, k));
+            vm.prank(vs[i]);
+            ledger.invalidateWork(poolId, k, keccak256("again"), false, "");
+        }
+        vm.warp(T0 + 1 days - 1);
+        vm.expectRevert(abi.encodeWithSelector(WorkLedger.SoftAccusedBefore.selector, k));
+        vm.prank(VALIDATOR);
+        ledger.invalidateWork(poolId, k, keccak256("one second before"), false, "");
+        assertFalse(_isClaimable(poolId, k));
+        vm.warp(T0 + 1 days);
+        assertEq(_claim(poolId, ALICE, k), REWARD, "paid at the original deadline");
+        assertEq(token.balanceOf(ALICE), aliceStart + REWARD, "its appeal bond back, nothing lost");
+        assertEq(token.balanceOf(VALIDATOR), 1_000e18, "the soft accuser neither paid nor gained");
+    }
+
+    /// @dev Attack 11 with a hard accusation in between: the hard one, overturned, does not lift the
+    /// mark (the record stays cleared of soft accusations) and does not move the deadline either, and
+    /// its accuser's bond pays the provider.
+    function test_attack11_aHardAccusationDoesNotResetTheMark() public {
+        bytes32 k = _recordOne(poolId, node1, UNITS);
+        uint256 aliceStart = token.balanceOf(ALICE);
+        _accuse(VALIDATOR, poolId, k, false);
+        vm.prank(ALICE);
+        ledger.appeal(poolId, k);
+        address[] memory c = _drawn(k);
+        _vote(poolId, k, c[0], false);
+        _vote(poolId, k, c[1], false);
+        _accuse(VALIDATOR, poolId, k, true);
+        vm.prank(ALICE);
+        ledger.appeal(poolId, k);
+        c = _drawn(k);
+        _vote(poolId, k, c[0], false);
+        _vote(poolId, k, c[1], false);
+        vm.expectRevert(abi.encodeWithSelector(WorkLedger.SoftAccusedBefore.selector, k));
+        vm.prank(JUROR2);
+        ledger.invalidateWork(poolId, k, bytes32(0), false, "");
+        assertEq(uint256(ledger.getRecord(poolId, k).deadline), T0 + 1 days);
+        vm.warp(T0 + 1 days);
+        assertEq(_claim(poolId, ALICE, k), REWARD);
+        assertEq(token.balanceOf(ALICE), aliceStart + REWARD + BOND, "plus the false hard accuser's bond");
+    }
+
+    // ------------------------------------------------------------------ 12
+
+    /// @dev Attack 12. Earlier rules: an upheld soft appeal paid the appellant's bond to the soft
+    /// accuser, who had put up nothing: a validator soft-accused records whose providers would appeal
+    /// and lose, and was paid for it at no risk. Now that bond goes to the treasury and the soft
+    /// accuser ends where it started.
+    function test_attack12_anUpheldSoftAppealPaysTheSoftAccuserNothing() public {
+        bytes32 k = _recordOne(poolId, node1, UNITS);
+        uint256 valStart = token.balanceOf(VALIDATOR);
+        uint256 aliceStart = token.balanceOf(ALICE);
+        _accuse(VALIDATOR, poolId, k, false);
+        vm.prank(ALICE);
+        ledger.appeal(poolId, k);
+        address[] memory c = _drawn(k);
+        _vote(poolId, k, c[0], true);
+        vm.expectEmit(true, true, true, true, address(ledger));
+        emit WorkLedger.DisputeResolved(
+            poolId, k, WorkLedger.Verdict.Upheld, WorkLedger.DisputeKind.Appeal, VALIDATOR, ALICE, TREASURY, BOND
+        );
+        _vote(poolId, k, c[1], true);
+        assertEq(token.balanceOf(VALIDATOR), valStart, "the soft accuser gets nothing");
+        assertEq(token.balanceOf(ALICE), aliceStart - BOND);
+        assertEq(token.balanceOf(TREASURY), REWARD + BOND, "the reward and the bond");
+        assertEq(registry.getProvider(ALICE).slashed, 0, "a soft dispute never slashes");
+        assertEq(ledger.bondsHeld(), 0);
+    }
+
+    // ------------------------------------------------------------------ 13
+
+    /// @dev Attack 13. Earlier rules: when the vote period ended without a majority, the votes cast
+    /// decided, so one corrupt juror of three voted to uphold a false challenge while the others had
+    /// not voted yet, and the honest provider was slashed (its challenger paid the bounty). Now a
+    /// minority of the committee never decides: the challenge lapses, nobody is slashed, the
+    /// challenger pays the lapse fee and the record is paid once final.
+    function test_attack13_oneJurorOfThreeCannotSlashAlone() public {
+        bytes32 k = _recordOne(poolId, node1, UNITS); // honest
+        uint256 bobBefore = token.balanceOf(BOB);
+        _challenge(BOB, poolId, k); // false
+        address[] memory c = _drawn(k);
+        assertEq(c.length, 3);
+        _vote(poolId, k, c[0], true); // the corrupt juror; the others stay silent
+        vm.warp(T0 + 1 days);
+        vm.expectEmit(true, true, true, true, address(ledger));
+        emit WorkLedger.DisputeResolved(
+            poolId, k, WorkLedger.Verdict.Lapsed, WorkLedger.DisputeKind.Challenge, BOB, ALICE, address(0), BOND
+        );
+        ledger.resolveLapsed(poolId, k);
+        assertEq(registry.getProvider(ALICE).slashed, 0, "nobody slashed");
+        assertEq(token.balanceOf(BOB), bobBefore - BOND / 10, "the challenger pays the lapse fee");
+        assertTrue(_status(poolId, k) == WorkLedger.RecordStatus.Pending);
+        uint40 deadline = ledger.getRecord(poolId, k).deadline;
+        assertEq(uint256(deadline), T0 + 2 days, "a lapsed challenge gives back the day it held");
+        vm.warp(deadline);
+        assertEq(_claim(poolId, ALICE, k), REWARD);
+    }
+
+    /// @dev Attack 13 the other way: one juror of three votes to overturn a true accusation the cheater
+    /// appealed, the others silent: the appeal lapses, and a lapsed appeal leaves the record revoked
+    /// (no payment without a decision for it), with no bounty for anyone.
+    function test_attack13_oneJurorOfThreeCannotClearACheaterAlone() public {
+        bytes32 k = _recordOne(poolId, node1, UNITS); // ALICE cheats
+        _accuse(VALIDATOR, poolId, k, true);
+        vm.prank(ALICE);
+        ledger.appeal(poolId, k);
+        address[] memory c = _drawn(k);
+        _vote(poolId, k, c[0], false);
+        vm.warp(ledger.getDispute(poolId, k).voteEnd);
+        ledger.resolveLapsed(poolId, k);
+        assertTrue(ledger.getDispute(poolId, k).verdict == WorkLedger.Verdict.Lapsed);
+        assertTrue(_status(poolId, k) == WorkLedger.RecordStatus.Invalidated, "not paid");
+        vm.expectRevert(abi.encodeWithSelector(WorkLedger.NothingToClaim.selector, poolId));
+        _claim(poolId, ALICE, k);
     }
 }

@@ -636,7 +636,9 @@ contract DisputesTest is Fixture {
             poolId, k, WorkLedger.Verdict.Lapsed, WorkLedger.DisputeKind.Accusation, VALIDATOR, ALICE, ALICE, 0
         );
         vm.expectEmit(true, true, true, true, address(ledger));
-        emit WorkLedger.WorkAccused(poolId, k, JUROR1, ALICE, keccak256("signed and wrong"), uint40(T0 + 25 hours), BOND);
+        emit WorkLedger.WorkAccused(
+            poolId, k, JUROR1, ALICE, keccak256("signed and wrong"), uint40(T0 + 25 hours), BOND
+        );
         vm.prank(JUROR1);
         ledger.invalidateWork(poolId, k, keccak256("signed and wrong"), true, sig);
         WorkLedger.Dispute memory x = ledger.getDispute(poolId, k);
@@ -653,30 +655,39 @@ contract DisputesTest is Fixture {
         assertLt(ledger.lockedUntil(ALICE), type(uint64).max, "the open-dispute count is back to zero");
     }
 
-    /// @dev A challenge supersedes an open soft appeal: the appellant's bond goes back to it, and the
-    /// challenge votes in a new committee round (the soft appeal's jurors no longer count).
-    function test_aChallengeSupersedesAnOpenSoftAppeal() public {
+    /// @dev A validator's hard accusation supersedes an open soft appeal: the appellant's bond goes back
+    /// to it, and the accusation's own appeal votes in a new committee round (the soft appeal's jurors
+    /// no longer count). A challenge does not supersede (one that lapsed would reopen the record
+    /// without the soft accusation it replaced).
+    function test_aHardAccusationSupersedesAnOpenSoftAppeal_aChallengeDoesNot() public {
         bytes32 k = _recordOne(poolId, node1, 5);
         _softAccuse(k);
         _appeal(k);
         address[] memory c = _committee(k);
         _vote(k, c[0], false);
         assertEq(uint256(ledger.getDispute(poolId, k).round), 1);
+        bytes memory sig = _rolloutSig(poolId, k);
+        vm.expectRevert(abi.encodeWithSelector(WorkLedger.AlreadySettled.selector, k, WorkLedger.RecordStatus.Disputed));
+        vm.prank(BOB);
+        ledger.challenge(poolId, k, keccak256("chunk 3 fails"), sig);
+
+        _give(JUROR1, BOND);
         uint256 aliceBefore = token.balanceOf(ALICE);
         vm.expectEmit(true, true, true, true, address(ledger));
         emit WorkLedger.DisputeResolved(
             poolId, k, WorkLedger.Verdict.Lapsed, WorkLedger.DisputeKind.Appeal, VALIDATOR, ALICE, ALICE, BOND
         );
-        _challenge(BOB, k, keccak256("chunk 3 fails"));
+        vm.prank(JUROR1);
+        ledger.invalidateWork(poolId, k, keccak256("chunk 3 fails"), true, sig);
         assertEq(token.balanceOf(ALICE), aliceBefore + BOND, "the appeal bond back");
-        assertEq(ledger.bondsHeld(), BOND, "only the challenger's bond");
+        assertEq(ledger.bondsHeld(), BOND, "only the accuser's bond");
         WorkLedger.Dispute memory x = ledger.getDispute(poolId, k);
-        assertTrue(x.kind == WorkLedger.DisputeKind.Challenge && x.hard && x.accuser == BOB);
-        assertEq(uint256(x.round), 2, "a new round");
-        assertFalse(x.drawn);
+        assertTrue(x.kind == WorkLedger.DisputeKind.Accusation && x.hard && x.accuser == JUROR1);
         for (uint256 i; i < 3; ++i) {
             assertEq(ledger.jurorState(poolId, k, c[i]), 0, "the old committee is gone");
         }
+        _appeal(k);
+        assertEq(uint256(ledger.getDispute(poolId, k).round), 2, "a new round");
         c = _committee(k);
         _vote(k, c[0], true);
         _vote(k, c[1], true);
@@ -729,14 +740,14 @@ contract DisputesTest is Fixture {
         vm.expectRevert(
             abi.encodeWithSelector(WorkLedger.NotProvidersWork.selector, k, vm.addr(0xF0F0), ALICE)
         );
-        vm.prank(BOB);
-        ledger.challenge(poolId, k, bytes32(0), forged);
+        vm.prank(JUROR1);
+        ledger.invalidateWork(poolId, k, bytes32(0), true, forged);
         bytes memory sig = _rolloutSig(poolId, k);
         vm.expectRevert(abi.encodeWithSelector(WorkLedger.NotValidator.selector, poolId, STRANGER));
         vm.prank(STRANGER);
         ledger.invalidateWork(poolId, k, bytes32(0), true, sig);
-        vm.expectRevert(abi.encodeWithSelector(WorkLedger.NotChallenger.selector, STRANGER));
-        vm.prank(STRANGER);
+        vm.expectRevert(abi.encodeWithSelector(WorkLedger.AlreadySettled.selector, k, WorkLedger.RecordStatus.Disputed));
+        vm.prank(BOB);
         ledger.challenge(poolId, k, bytes32(0), sig);
         vm.warp(T0 + 1 days);
         vm.expectRevert(

@@ -14,10 +14,14 @@ import {WorkLedger} from "../../src/WorkLedger.sol";
 /// a success the model did not expect, or a failure it did not expect, is counted in
 /// `outcomeMismatches`; safety violations have their own counters, which the invariants require to
 /// stay zero. Disputes follow the rules of issue 38: soft and hard accusations both wait out an
-/// appeal period, one dispute of a record at a time, a dispute that does not stand reopens its record
-/// with the time it had left (so records are disputed again), revoked rewards go to the treasury,
-/// committees come from the validator set as it was when the dispute opened (the owner changes the
-/// set meanwhile), and a slash needs the node's signature over the work.
+/// appeal period, one dispute of a record at a time (but a validator's hard accusation supersedes
+/// an open soft dispute, which ends Lapsed with the appeal bond back), a dispute that does not stand
+/// reopens its record (so records are disputed again), with the time it had left only after a
+/// challenge, a record cleared of a soft accusation is never softly accused again, a minority of a
+/// committee never decides (no majority by the vote's end: lapsed), an upheld soft appeal's bond and
+/// every revoked reward go to the treasury, committees come from the validator set as it was when the
+/// dispute opened (the owner changes the set meanwhile), and a slash needs the node's signature over
+/// the work.
 contract Handler is TestBase {
     struct Setup {
         IntellectToken token;
@@ -64,6 +68,8 @@ contract Handler is TestBase {
         uint8 size;
         uint8 up;
         uint8 down;
+        /// @dev A soft accusation of it was overturned: no other soft one (the ledger's `softCleared`).
+        bool softCleared;
     }
 
     /// @dev What a verdict should move: the expected slash and the balances before it.
@@ -149,6 +155,8 @@ contract Handler is TestBase {
     mapping(uint256 => uint256) public gClaimedUnits;
     uint256 public gTotalForfeited;
     uint256 public gLapseFees;
+    /// @dev Appeal bonds of upheld soft disputes, paid to the treasury (a soft accuser risked nothing).
+    uint256 public gBondsToTreasury;
 
     // ------------------------------------------------------------------ violations (must stay 0)
     uint256 public claimsBeforeDeadline;
@@ -255,19 +263,39 @@ contract Handler is TestBase {
         return (recIds[start], true);
     }
 
-    /// @dev Like `_pickRec`, but when guided a record still open to accusation and challenge (pending,
-    /// before its deadline).
-    function _pickOpen(uint256 seed) internal view returns (bytes32 id, bool found) {
+    /// @dev Like `_pickRec`, but when guided a record still open to the dispute (before its deadline,
+    /// pending or, for a `hard` one, held by an open soft dispute it would supersede). Half the guided
+    /// hard picks look for a soft dispute to supersede first; one guided soft pick in eight looks for
+    /// a record cleared of soft accusations first (which must refuse it).
+    function _pickOpen(uint256 seed, bool hard) internal view returns (bytes32 id, bool found) {
         if (recIds.length == 0) return (bytes32(0), false);
         uint256 start = seed % recIds.length;
         if (_guided(seed)) {
+            uint256 prefer = (seed >> 130) % 8;
+            if ((hard && prefer < 4) || (!hard && prefer == 0)) {
+                for (uint256 j; j < recIds.length; ++j) {
+                    bytes32 cand = recIds[(start + j) % recIds.length];
+                    Rec storage r = recs[cand];
+                    if (time >= r.deadline) continue;
+                    if (hard ? _softOpen(r) : r.softCleared && r.status == WorkLedger.RecordStatus.Pending) {
+                        return (cand, true);
+                    }
+                }
+            }
             for (uint256 j; j < recIds.length; ++j) {
                 bytes32 cand = recIds[(start + j) % recIds.length];
                 Rec storage r = recs[cand];
-                if (r.status == WorkLedger.RecordStatus.Pending && time < r.deadline) return (cand, true);
+                if (time >= r.deadline) continue;
+                if (r.status == WorkLedger.RecordStatus.Pending || (hard && _softOpen(r))) return (cand, true);
             }
         }
         return (recIds[start], true);
+    }
+
+    /// @dev Whether `r` is held by an open soft dispute (an accusation or its appeal), which a hard
+    /// dispute before the deadline supersedes.
+    function _softOpen(Rec storage r) internal view returns (bool) {
+        return r.status == WorkLedger.RecordStatus.Disputed && !r.hard && r.verdict == WorkLedger.Verdict.Open;
     }
 
     /// @dev Three calls in four (by the seed's high bits, so small hand-written seeds are never
@@ -612,7 +640,7 @@ contract Handler is TestBase {
         for (uint256 j; j < N_NODES && n < count; ++j) {
             address node = vm.addr(_nodePk(nodeSeed + j));
             if (gPoolOf[node] != poolId) continue;
-            bytes32 workKey = _freshKey(poolId, unitsSeed + j);
+            bytes32 workKey = _freshKey(poolId, unitsSeed + j, tmp, n);
             uint48 units = uint48(bound(uint256(keccak256(abi.encode(unitsSeed, j))), 1, 1_000_000));
             tmp[n++] = WorkLedger.WorkInput(node, workKey, units, uint32(j), keccak256(abi.encode(workKey)));
         }
@@ -669,14 +697,23 @@ contract Handler is TestBase {
         }
     }
 
-    /// @dev A key not yet recorded in `poolId`: usually new, sometimes one already used in the other
-    /// pool (keys are per pool, so that must be accepted).
-    function _freshKey(uint256 poolId, uint256 seed) internal returns (bytes32) {
+    /// @dev A key not yet recorded in `poolId` nor among the first `n` entries of the batch being built:
+    /// usually new, sometimes one already used in the other pool (keys are per pool, so that must be
+    /// accepted).
+    function _freshKey(uint256 poolId, uint256 seed, WorkLedger.WorkInput[] memory batch, uint256 n)
+        internal
+        returns (bytes32)
+    {
         if (seed % 3 == 0 && recIds.length != 0) {
             Rec storage other = recs[recIds[seed % recIds.length]];
-            if (other.poolId != poolId && recs[keccak256(abi.encode(poolId, other.workKey))].recordings == 0) {
-                return other.workKey;
+            bool inBatch;
+            for (uint256 j; j < n; ++j) {
+                if (batch[j].workKey == other.workKey) inBatch = true;
             }
+            if (
+                !inBatch && other.poolId != poolId
+                    && recs[keccak256(abi.encode(poolId, other.workKey))].recordings == 0
+            ) return other.workKey;
         }
         return keccak256(abi.encode("key", ++keyCounter));
     }
@@ -716,8 +753,30 @@ contract Handler is TestBase {
         external
         synced
     {
-        (bytes32 id, bool found) = _pickOpen(recSeed);
+        (bytes32 id, bool found) = _pickOpen(recSeed, uint256(evidence) % 4 != 0);
         if (found) _invalidate(id, accuserSeed, evidence, sigSeed);
+    }
+
+    /// @dev A validator softly accuses a record (when guided, one open to it, now and then one cleared
+    /// of soft accusations, which must refuse it); by `mode`, its provider appeals at once (1 to 3) and
+    /// two jurors vote on the appeal at once, both to overturn (2) or both to uphold (3). Soft
+    /// disputes are a quarter of `invalidateWork`'s, and a vote decided in time is rare in a random
+    /// walk; this feeds the paths that start from one: a hard accusation or a challenge superseding
+    /// it (with or without an appeal bond to return), an upheld soft appeal (its bond to the
+    /// treasury), an overturned one (the record cleared of soft accusations) and the refusal of the
+    /// next soft accusation. Every call goes through the same model as the single actions.
+    function softDispute(uint256 recSeed, uint256 accuserSeed, uint8 mode) external synced {
+        (bytes32 id, bool found) = _pickOpen(recSeed, false);
+        if (!found) return;
+        _invalidate(id, accuserSeed, bytes32(0), 4);
+        Rec storage r = recs[id];
+        mode %= 4;
+        if (mode == 0 || !_softOpen(r) || r.dkind != WorkLedger.DisputeKind.Accusation) return;
+        _appeal(id);
+        if (mode == 1 || !_voteOpen(r)) return;
+        uint256 g = (uint256(1) << 128) | accuserSeed % 1024; // guided: a drawn juror
+        _vote(id, g, mode == 3);
+        _vote(id, g + 1, mode == 3);
     }
 
     /// @dev Moves the clock to one second before, at, or one second after a record's deadline (if
@@ -743,23 +802,52 @@ contract Handler is TestBase {
         address accuser = _pickAccuser(accuserSeed, r);
         bool hard = uint256(evidence) % 4 != 0;
         (bytes memory sig, bool good) = _rolloutSig(r, sigSeed);
-        uint256 since = gSince[r.poolId][accuser];
-        bool expected = r.status == WorkLedger.RecordStatus.Pending && time < r.deadline && since != 0
-            && since <= r.recordedAt && accuser != r.provider && (good || !hard);
-        string memory what = hard ? "accuse" : "softInvalidate";
+        bool allowed = _mayAccuse(r, accuser, hard) && (good || !hard);
+        bool expected = allowed && (hard || !r.softCleared);
+        bool supersedes = hard && _softOpen(r);
+        uint256 provBefore = token.balanceOf(r.provider);
         vm.prank(accuser);
         try ledger.invalidateWork(r.poolId, r.workKey, evidence, hard, hard ? sig : bytes("")) {
-            _check(expected, true, what);
-            if (time >= r.deadline) invalidationsAtOrAfterDeadline++;
-            PoolManager.DisputeTerms memory d = pools.disputeTerms(r.poolId);
-            _opened(id, WorkLedger.DisputeKind.Accusation, hard, accuser);
-            r.appealEnd = time + d.appealPeriod;
-            r.voteEnd = 0;
-            if (hard) gBondsIn += d.bond;
-            _lockUntil(r.provider, r.appealEnd + d.votePeriod);
+            _check(expected, true, hard ? "accuse" : "softInvalidate");
+            if (supersedes) _superseded(r, provBefore);
+            _accused(id, hard, accuser);
         } catch {
-            _check(expected, false, what);
+            _check(expected, false, hard ? "accuse" : "softInvalidate");
+            if (allowed && !expected) _hit("softClearedRefused");
         }
+    }
+
+    /// @dev Whether `accuser` may accuse `r` now (signature and the soft mark aside): before the
+    /// deadline, one of the pool's validators named at or before the record was recorded, not its
+    /// provider, the record pending or (`hard`) held by an open soft dispute.
+    function _mayAccuse(Rec storage r, address accuser, bool hard) internal view returns (bool) {
+        uint256 since = gSince[r.poolId][accuser];
+        return (r.status == WorkLedger.RecordStatus.Pending || (hard && _softOpen(r))) && time < r.deadline
+            && since != 0 && since <= r.recordedAt && accuser != r.provider;
+    }
+
+    /// @dev The model of an accusation the ledger accepted.
+    function _accused(bytes32 id, bool hard, address accuser) internal {
+        Rec storage r = recs[id];
+        if (time >= r.deadline) invalidationsAtOrAfterDeadline++;
+        PoolManager.DisputeTerms memory d = pools.disputeTerms(r.poolId);
+        _opened(id, WorkLedger.DisputeKind.Accusation, hard, accuser);
+        r.appealEnd = time + d.appealPeriod;
+        r.voteEnd = 0;
+        if (hard) gBondsIn += d.bond;
+        _lockUntil(r.provider, r.appealEnd + d.votePeriod);
+    }
+
+    /// @dev The model of a hard dispute superseding `r`'s open soft one (called after the call that
+    /// did it, with the provider's balance before): the soft one ends Lapsed, the provider's appeal
+    /// bond (if it appealed) goes back to it, and its open-dispute count drops.
+    function _superseded(Rec storage r, uint256 provBefore) internal {
+        uint256 held = r.dkind == WorkLedger.DisputeKind.Appeal ? pools.disputeTerms(r.poolId).bond : 0;
+        _hit(r.dkind == WorkLedger.DisputeKind.Appeal ? "supersedeSoftAppeal" : "supersedeSoft");
+        r.verdict = WorkLedger.Verdict.Lapsed;
+        gOpenDisputes[r.provider]--;
+        gBondsPaid += held;
+        if (token.balanceOf(r.provider) - provBefore != held) paymentMismatches++;
     }
 
     /// @dev The model of a dispute opening on `id`: the record is frozen, the dispute replaces the
@@ -812,7 +900,10 @@ contract Handler is TestBase {
     /// @dev The record's provider appeals an accusation (hard or soft) within the appeal period.
     function appeal(uint256 recSeed) external synced {
         (bytes32 id, bool found) = _pickDisputed(recSeed);
-        if (!found) return;
+        if (found) _appeal(id);
+    }
+
+    function _appeal(bytes32 id) internal {
         Rec storage r = recs[id];
         bool expected =
             r.dkind == WorkLedger.DisputeKind.Accusation && r.verdict == WorkLedger.Verdict.Open && time < r.appealEnd;
@@ -838,26 +929,33 @@ contract Handler is TestBase {
     /// @dev A staked provider other than the record's own challenges it before its deadline, with the
     /// node's signature (or a forged one).
     function challenge(uint256 recSeed, uint256 actorSeed, bytes32 evidence, uint256 sigSeed) external synced {
-        (bytes32 id, bool found) = _pickOpen(recSeed);
+        (bytes32 id, bool found) = _pickOpen(recSeed, true);
         if (!found) return;
         Rec storage r = recs[id];
         address who = _actor(actorSeed);
         if (who == r.provider && _guided(actorSeed)) who = _actor(actorSeed % providers.length + 1);
         (bytes memory sig, bool good) = _rolloutSig(r, sigSeed);
-        uint256 minStake = pools.poolTerms(r.poolId).minStake;
-        bool expected = gStaked[who] >= (minStake == 0 ? 1 : minStake) && who != r.provider
-            && r.status == WorkLedger.RecordStatus.Pending && time < r.deadline && good;
-        PoolManager.DisputeTerms memory d = pools.disputeTerms(r.poolId);
+        bool expected = _mayChallenge(r, who) && good;
         vm.prank(who);
         try ledger.challenge(r.poolId, r.workKey, evidence, sig) {
             _check(expected, true, "challenge");
             _opened(id, WorkLedger.DisputeKind.Challenge, true, who);
+            PoolManager.DisputeTerms memory d = pools.disputeTerms(r.poolId);
             _voteOpened(r, d);
             gBondsIn += d.bond;
             _lockUntil(r.provider, r.voteEnd);
         } catch {
             _check(expected, false, "challenge");
         }
+    }
+
+    /// @dev Whether `who` may challenge `r` now (signature aside): staked the pool's minimum (at least
+    /// 1), not its provider, before the deadline, the record pending (a challenge supersedes nothing:
+    /// one that lapsed would reopen the record without the soft accusation it replaced).
+    function _mayChallenge(Rec storage r, address who) internal view returns (bool) {
+        uint256 minStake = pools.poolTerms(r.poolId).minStake;
+        return gStaked[who] >= (minStake == 0 ? 1 : minStake) && who != r.provider
+            && r.status == WorkLedger.RecordStatus.Pending && time < r.deadline;
     }
 
     /// @dev Anyone draws the committee of an open vote: one block after its seed block, or more than
@@ -928,7 +1026,10 @@ contract Handler is TestBase {
     /// vote may count and whether it ends the dispute.
     function vote(uint256 recSeed, uint256 jurorSeed, bool uphold) external synced {
         (bytes32 id, bool found) = _pickDisputed(recSeed);
-        if (!found) return;
+        if (found) _vote(id, jurorSeed, uphold);
+    }
+
+    function _vote(bytes32 id, uint256 jurorSeed, bool uphold) internal {
         Rec storage r = recs[id];
         if (_voteOpen(r) && !r.drawn) {
             vm.roll(block.number + 1);
@@ -965,24 +1066,21 @@ contract Handler is TestBase {
         }
     }
 
-    /// @dev Anyone closes an appeal or a challenge whose vote period ended undecided: the votes cast
-    /// decide when they differ, else it lapses.
+    /// @dev Anyone closes an appeal or a challenge whose vote period ended without a majority of its
+    /// committee: it lapses, whatever minority of votes was cast.
     function resolveLapsed(uint256 recSeed) external synced {
         (bytes32 id, bool found) = _pickDisputed(recSeed);
         if (!found) return;
         Rec storage r = recs[id];
         bool expected = _voteOpen(r) && time >= r.voteEnd;
-        WorkLedger.Verdict v = r.up > r.down
-            ? WorkLedger.Verdict.Upheld
-            : (r.down > r.up ? WorkLedger.Verdict.Overturned : WorkLedger.Verdict.Lapsed);
         Slash memory sl = _before(r);
         vm.prank(outsider);
         try ledger.resolveLapsed(r.poolId, r.workKey) {
             _check(expected, true, "resolveLapsed");
-            if (v == WorkLedger.Verdict.Lapsed && r.dkind == WorkLedger.DisputeKind.Challenge) _hit("lapsedChallenge");
-            if (v == WorkLedger.Verdict.Lapsed && r.dkind == WorkLedger.DisputeKind.Appeal) _hit("lapsedAppeal");
-            if (v != WorkLedger.Verdict.Lapsed) _hit("decidedByVotesCast");
-            _settle(r, v, sl);
+            if (r.dkind == WorkLedger.DisputeKind.Challenge) _hit("lapsedChallenge");
+            if (r.dkind == WorkLedger.DisputeKind.Appeal) _hit("lapsedAppeal");
+            if (r.up + r.down != 0) _hit("lapsedWithVotes");
+            _settle(r, WorkLedger.Verdict.Lapsed, sl);
         } catch {
             _check(expected, false, "resolveLapsed");
         }
@@ -1026,8 +1124,8 @@ contract Handler is TestBase {
     }
 
     /// @dev Applies a verdict the ledger reached to the model, and checks who was paid what: bonds to
-    /// the winner (each back on a lapse, less the lapse fee of a challenge), the revoked reward to the
-    /// treasury, a slash only for a hard dispute that stood.
+    /// the winner (to the treasury when a soft dispute stood; each back on a lapse, less the lapse fee
+    /// of a challenge), the revoked reward to the treasury, a slash only for a hard dispute that stood.
     function _settle(Rec storage r, WorkLedger.Verdict v, Slash memory sl) internal {
         r.verdict = v;
         gOpenDisputes[r.provider]--;
@@ -1039,10 +1137,14 @@ contract Handler is TestBase {
         uint256 toTreasury;
         if (v == WorkLedger.Verdict.Upheld) {
             toTreasury = _revoke(r);
-            accGets = held;
             if (r.hard) {
+                accGets = held;
                 toTreasury += _slash(r, sl);
                 accGets += sl.bounty;
+            } else {
+                toTreasury += held;
+                gBondsToTreasury += held;
+                if (held != 0) _hit("softUpheldToTreasury");
             }
         } else if (v == WorkLedger.Verdict.Overturned) {
             provGets = held;
@@ -1088,10 +1190,18 @@ contract Handler is TestBase {
         return slashed - sl.bounty;
     }
 
-    /// @dev A dispute that did not stand: the record is pending again with the time its window had left
-    /// when the dispute opened, and the stake stays until then.
+    /// @dev A dispute that did not stand: the record is pending again. After a challenge it gets the
+    /// time its window had left when the challenge opened, and the stake stays until then; after an
+    /// accusation the deadline stays, and an overturned soft one clears the record of soft accusations.
     function _reopen(Rec storage r) internal {
         r.status = WorkLedger.RecordStatus.Pending;
+        if (r.dkind != WorkLedger.DisputeKind.Challenge) {
+            if (!r.hard && !r.softCleared) {
+                r.softCleared = true;
+                _hit("softCleared");
+            }
+            return;
+        }
         uint256 left = r.deadline > r.openedAt ? r.deadline - r.openedAt : 0;
         uint256 end = time + left;
         if (end > r.deadline) {
@@ -1360,10 +1470,12 @@ contract Handler is TestBase {
         (bytes32 id, bool found) = _pickRec(seed);
         if (!found || _isValidatorAnywhere(who)) return (true, false, err);
         Rec storage r = recs[id];
+        bool hard = seed % 4 != 0;
         if (r.status != WorkLedger.RecordStatus.Pending || time >= r.deadline) return (true, false, err);
+        if (!hard && r.softCleared) return (true, false, err); // refused first for that (SoftAccusedBefore)
         (bytes memory sig,) = _rolloutSig(r, 4);
         vm.prank(who);
-        try ledger.invalidateWork(r.poolId, r.workKey, bytes32(0), seed % 4 != 0, sig) {
+        try ledger.invalidateWork(r.poolId, r.workKey, bytes32(0), hard, sig) {
             ok = true;
         } catch (bytes memory e) {
             err = e;

@@ -76,7 +76,7 @@ abstract contract InvariantsBase is Fixture {
         handler.fundPool(1, 1e21);
 
         targetContract(address(handler));
-        bytes4[] memory sels = new bytes4[](29);
+        bytes4[] memory sels = new bytes4[](30);
         sels[0] = Handler.register.selector;
         sels[1] = Handler.stake.selector;
         sels[2] = Handler.unstake.selector;
@@ -106,6 +106,7 @@ abstract contract InvariantsBase is Fixture {
         sels[26] = Handler.addValidator.selector;
         sels[27] = Handler.removeValidator.selector;
         sels[28] = Handler.drawCommittee.selector;
+        sels[29] = Handler.softDispute.selector;
         targetSelector(FuzzSelector({addr: address(handler), selectors: sels}));
     }
 
@@ -176,10 +177,12 @@ abstract contract InvariantsBase is Fixture {
         assertEq(token.balanceOf(address(registry)), staked + unbonding, "registry balance");
         assertEq(deposited, staked + unbonding + out, "deposits");
         // Bounties go to accusers (checked per payment by the handler); the treasury gets the rest of
-        // every slash, every revoked reward and every lapse fee.
+        // every slash, every revoked reward, every lapse fee and the appeal bond of every upheld soft
+        // dispute.
         assertEq(
             token.balanceOf(TREASURY),
-            handler.gTotalSlashed() - handler.gTotalBounty() + handler.gTotalForfeited() + handler.gLapseFees(),
+            handler.gTotalSlashed() - handler.gTotalBounty() + handler.gTotalForfeited() + handler.gLapseFees()
+                + handler.gBondsToTreasury(),
             "treasury"
         );
     }
@@ -285,6 +288,7 @@ abstract contract InvariantsBase is Fixture {
             assertEq(x.accuser, g.accuser, "accuser");
             assertEq(x.hard, g.hard, "hard");
             assertEq(uint256(x.round), uint256(g.round), "round");
+            assertEq(x.softCleared, g.softCleared, "soft cleared");
             if (g.dkind != WorkLedger.DisputeKind.None) {
                 assertEq(uint256(x.openedAt), g.openedAt, "opened at");
                 assertEq(uint256(x.recordedAt), g.recordedAt, "recorded at");
@@ -295,6 +299,15 @@ abstract contract InvariantsBase is Fixture {
                 assertFalse(_isClaimable(g.poolId, g.workKey), "claimable while disputed");
                 assertEq(uint256(ledger.lockedUntil(g.provider)), type(uint64).max, "stake locked while disputed");
             }
+        }
+        // The ledger's open-dispute count of each provider agrees with the model (a superseded soft
+        // dispute is no longer counted): its stake is locked for ever exactly while one is open.
+        for (uint256 i; i < actors.length; ++i) {
+            assertEq(
+                ledger.lockedUntil(actors[i]) == type(uint64).max,
+                handler.gOpenDisputes(actors[i]) != 0,
+                "locked for ever iff a dispute is open"
+            );
         }
     }
 
@@ -364,8 +377,8 @@ abstract contract InvariantsBase is Fixture {
 /// @notice Protocol invariants under random sequences of register/stake/unstake/withdraw/addNode/
 /// removeNode/join/leave/eject/blacklist/record/invalidate/claim/fund/withdrawSurplus/warp, the dispute
 /// actions (accuse soft or hard, appeal, challenge, draw, vote, resolve, finalize; records reopened and
-/// disputed again), validator-set changes and calls from wrong accounts, driven by `Handler` (see its
-/// ghost variables).
+/// disputed again, soft disputes superseded by hard ones), validator-set changes and calls from wrong
+/// accounts, driven by `Handler` (see its ghost variables).
 contract InvariantsTest is InvariantsBase {
     function setUp() public override {
         super.setUp();
@@ -494,12 +507,14 @@ contract HandlerSmokeTest is InvariantsBase {
         handler.invalidateWork(5, g, bytes32(uint256(1)), 1); // a forged signature: refused
         assertTrue(handler.recAt(5).status == WorkLedger.RecordStatus.Pending);
         handler.invalidateWork(5, g, bytes32(uint256(1)), 4); // accused, signed by the node
+        uint256 deadline5 = handler.recAt(5).deadline;
         handler.appeal(5);
         handler.warp(10 minutes);
         handler.vote(5, g, false);
-        handler.vote(5, g + 1, false); // two of three: overturned, the record has its day back
+        handler.vote(5, g + 1, false); // two of three: overturned, the deadline stays (an accusation)
         assertTrue(handler.recAt(5).verdict == WorkLedger.Verdict.Overturned);
         assertTrue(handler.recAt(5).status == WorkLedger.RecordStatus.Pending);
+        assertEq(handler.recAt(5).deadline, deadline5);
         handler.challenge(5, 0, bytes32("again"), 4); // ALICE challenges the reopened record
         handler.warp(2 hours);
         handler.resolveLapsed(5); // nobody voted: lapsed, the challenger pays the fee, reopened again
@@ -508,7 +523,7 @@ contract HandlerSmokeTest is InvariantsBase {
         handler.invalidateWork(6, g, bytes32(uint256(4)), 4); // soft
         handler.appeal(6); // a soft accusation appealed
         handler.vote(6, g, true);
-        handler.vote(6, g + 1, true); // upheld: revoked, not slashed
+        handler.vote(6, g + 1, true); // upheld: revoked, not slashed, the appeal bond to the treasury
         assertTrue(handler.recAt(6).status == WorkLedger.RecordStatus.Invalidated);
         handler.challenge(7, 0, bytes32("wrong"), 4); // ALICE challenges BOB's record
         handler.vote(7, g + 2, true);
@@ -533,12 +548,54 @@ contract HandlerSmokeTest is InvariantsBase {
         handler.finalizeInvalidation(8);
         assertTrue(handler.recAt(8).status == WorkLedger.RecordStatus.Invalidated);
 
-        string[32] memory names = [
+        // A hard dispute supersedes an open soft one; a record cleared of a soft accusation is never
+        // softly accused again.
+        for (uint256 j = 11; j < 14; ++j) {
+            handler.recordWork(1, 3, 1, j); // records 10..12, BOB's node 3
+        }
+        assertEq(handler.recCount(), 13);
+        handler.invalidateWork(10, g, bytes32(uint256(4)), 4); // soft
+        handler.invalidateWork(10, g + 2, bytes32(uint256(1)), 4); // hard: supersedes it
+        assertTrue(handler.recAt(10).hard && handler.recAt(10).verdict == WorkLedger.Verdict.Open);
+        handler.invalidateWork(10, g + 3, bytes32(uint256(8)), 4); // soft: supersedes nothing, refused
+        assertTrue(handler.recAt(10).hard);
+        handler.invalidateWork(11, g, bytes32(uint256(4)), 4); // soft
+        handler.appeal(11);
+        handler.challenge(11, 0, bytes32("over it"), 4); // a challenge supersedes nothing: refused
+        assertTrue(handler.recAt(11).dkind == WorkLedger.DisputeKind.Appeal && !handler.recAt(11).hard);
+        handler.invalidateWork(11, g + 1, bytes32(uint256(1)), 4); // a validator's hard one supersedes it
+        assertTrue(handler.recAt(11).dkind == WorkLedger.DisputeKind.Accusation && handler.recAt(11).hard);
+        handler.appeal(11);
+        handler.vote(11, g, true);
+        handler.vote(11, g + 1, true); // upheld: BOB slashed
+        assertTrue(handler.recAt(11).status == WorkLedger.RecordStatus.Invalidated);
+        handler.invalidateWork(12, g, bytes32(uint256(4)), 4); // soft
+        handler.appeal(12);
+        handler.vote(12, g, false);
+        handler.vote(12, g + 1, false); // overturned: cleared of soft accusations
+        assertTrue(handler.recAt(12).softCleared);
+        handler.invalidateWork(12, g + 1, bytes32(uint256(4)), 4); // soft again: refused
+        assertTrue(handler.recAt(12).status == WorkLedger.RecordStatus.Pending);
+        handler.invalidateWork(12, g + 1, bytes32(uint256(1)), 4); // hard: still possible
+        assertTrue(handler.recAt(12).status == WorkLedger.RecordStatus.Disputed);
+        handler.recordWork(1, 3, 1, 14); // record 13
+        handler.softDispute(13, g, 2); // soft, appealed, overturned by two jurors
+        assertTrue(handler.recAt(13).softCleared);
+        handler.softDispute(13, g + 1, 0); // refused
+        assertTrue(handler.recAt(13).status == WorkLedger.RecordStatus.Pending);
+        handler.warp(1 days);
+        handler.finalizeInvalidation(10);
+        handler.finalizeInvalidation(12);
+        assertTrue(handler.recAt(10).status == WorkLedger.RecordStatus.Invalidated);
+        assertTrue(handler.recAt(12).status == WorkLedger.RecordStatus.Invalidated);
+
+        string[37] memory names = [
             "register", "stake", "unstake", "withdraw", "addNode", "removeNode", "joinPool", "joinPoolAgain",
             "leavePool", "ejectNode", "blacklistNode", "recordWork", "softInvalidate", "accuse", "claim",
             "fundPool", "withdrawSurplus", "setBounty", "finalizeInvalidation", "appeal", "softAppeal",
             "challenge", "vote", "voteByRemovedJuror", "resolveLapsed", "lapsedChallenge", "reDispute",
-            "reopenedLater", "addValidator", "removeValidator", "drawCommittee", "drawStale"
+            "reopenedLater", "addValidator", "removeValidator", "drawCommittee", "drawStale", "supersedeSoft",
+            "supersedeSoftAppeal", "softCleared", "softClearedRefused", "softUpheldToTreasury"
         ];
         for (uint256 i; i < names.length; ++i) {
             assertGt(handler.successCount(names[i]), 0, names[i]);
@@ -568,7 +625,8 @@ contract HandlerSmokeTest is InvariantsBase {
 /// with uniformly random arguments (the fuzzer favours small dictionary values, which the handler
 /// never guides), 1,500 steps per seed, every invariant checked along the way. Together with the
 /// campaign this reaches the long dispute paths: re-disputes of reopened records, soft appeals,
-/// lapsed challenges, stale draws and validator-set changes while disputes are open.
+/// hard disputes superseding soft ones, records cleared of soft accusations, lapsed challenges,
+/// stale draws and validator-set changes while disputes are open.
 contract HandlerRandomWalkTest is InvariantsBase {
     function setUp() public override {
         super.setUp();
@@ -586,7 +644,7 @@ contract HandlerRandomWalkTest is InvariantsBase {
     }
 
     function _step(uint256 seed) internal {
-        uint256 w = seed % 29;
+        uint256 w = seed % 30;
         uint256 a = uint256(keccak256(abi.encode(seed, 1)));
         uint256 b = uint256(keccak256(abi.encode(seed, 2)));
         uint256 c = uint256(keccak256(abi.encode(seed, 3)));
@@ -619,7 +677,8 @@ contract HandlerRandomWalkTest is InvariantsBase {
         else if (w == 25) handler.resolveLapsed(a);
         else if (w == 26) handler.addValidator(a, b);
         else if (w == 27) handler.removeValidator(a, b);
-        else handler.drawCommittee(a, b % 2 == 0, c % 3 == 0);
+        else if (w == 28) handler.drawCommittee(a, b % 2 == 0, c % 3 == 0);
+        else handler.softDispute(a, b, uint8(c));
     }
 
     function _checkAll() internal view {
