@@ -124,7 +124,7 @@ def node_group() -> None:
     """Bind nodes (machines) to a provider."""
 
 
-def _node_account(node_keystore: str | None) -> Any:
+def node_account(node_keystore: str | None) -> Any:
     if node_keystore:
         return keys.load_keystore(node_keystore, password=os.environ.get("INTELLECT_NODE_PASSWORD"))
     if os.environ.get("INTELLECT_NODE_PRIVATE_KEY"):
@@ -147,7 +147,7 @@ def node_add(s: Settings, units: int, node_keystore: str | None, node_addr: str 
 
     async def go() -> tuple[str, Any]:
         async with await s.client() as c:
-            nk = _node_account(node_keystore)
+            nk = node_account(node_keystore)
             if nk is not None:
                 node, sig = nk.address, await ops.node_signature(c, nk, c.address)
             elif node_addr and signature:
@@ -175,7 +175,7 @@ def node_add(s: Settings, units: int, node_keystore: str | None, node_addr: str 
 @common
 def node_sign(s: Settings, provider: str, node_keystore: str | None) -> None:
     """Sign a node binding with the node key (for a provider key kept elsewhere)."""
-    nk = _node_account(node_keystore)
+    nk = node_account(node_keystore)
     if nk is None:
         raise ConfigError("no node key", "pass --node-keystore or set INTELLECT_NODE_PRIVATE_KEY")
 

@@ -11,9 +11,11 @@ import click
 
 from node import ops
 from node.chain.messages import tokens
+from node.chain.values import bytes32
 from node.errors import ConfigError
 
 from ._common import ZERO32, Settings, common, output, receipt, run
+from .provider_cmd import node_account
 
 
 @click.group("work")
@@ -207,6 +209,32 @@ def work_vote(s: Settings, pool_id: int, work_key: str, uphold: bool) -> None:
 
     r = run(go)
     output(s, receipt(r) | {"uphold": uphold}, f"voted to {'uphold' if uphold else 'overturn'} (tx {r.tx_hash})")
+
+
+@work_group.command("sign")
+@click.option("--pool", "pool_id", type=int, required=True, help="Pool id.")
+@click.option("--key", "work_key", required=True, help="Work key (the rollout file's sha256).")
+@click.option(
+    "--node-keystore",
+    type=click.Path(dir_okay=False),
+    help="The node's keystore (password INTELLECT_NODE_PASSWORD); or INTELLECT_NODE_PRIVATE_KEY.",
+)
+@common
+def work_sign(s: Settings, pool_id: int, work_key: str, node_keystore: str | None) -> None:
+    """The node's signature over one of its rollout files in a pool (the RolloutClaim its worker puts in
+    the file and serves on /intellect/signature/1): what a hard accusation or a challenge of the record
+    must show. Node key; no transaction."""
+    nk = node_account(node_keystore)
+    if nk is None:
+        raise ConfigError("no node key", "pass --node-keystore FILE or set INTELLECT_NODE_PRIVATE_KEY")
+    key = bytes32(work_key, "work key")
+
+    async def go() -> str:
+        async with await s.client(signer=False) as c:
+            return ops.rollout_claim(c, pool_id, key).sign(nk)
+
+    sig = run(go)
+    output(s, {"pool": pool_id, "work_key": key, "node": nk.address, "signature": sig}, sig)
 
 
 @work_group.command("show")

@@ -8,7 +8,7 @@ A record's status in the validator's state (`node.validator.state`):
                                                                     or every failure near its threshold)
                                         --no node signature--> unsigned (reported, never slashed; asked again)
     pending | invalid | unsigned --record left the window (claimed, disputed, invalidated)--> see `after_record_left`
-                                 (another party's open dispute: unchanged, looked at again once it ends)
+                                 (another party's open challenge: unchanged, looked at again once it ends)
     pending | invalid | unsigned --deadline within the margin--> settled
     pending --internal error, `max_internal_errors` times--> error (given up, reported loudly)
     accused --appeal period over, unappealed / committee decided--> invalidated | overturned | settled
@@ -56,12 +56,12 @@ VOTE_MOOT = ("NotDisputed", "VotePeriodOver", "NotJuror")
 
 def after_record_left(status: str, ours: bool, dispute_kind: str, record_status: str) -> str:
     """The status of a record the ledger no longer holds as pending: `ours` says whether the open or
-    last dispute is our own accusation (sent before a restart, say). Another party's open dispute
-    leaves our status as it is: one that does not stand reopens the record (with the time it had left),
-    and we look at it again then."""
+    last dispute is our own accusation (sent before a restart, say). Another party's open challenge
+    leaves our status as it is: one that does not stand reopens the record with the time it had left,
+    and we look at it again then (another validator's accusation is the validators' turn: settled)."""
     if ours and dispute_kind in ("accusation", "appeal"):
         return "accused"
-    if record_status == "disputed" and not ours:
+    if record_status == "disputed" and not ours and dispute_kind == "challenge":
         return status
     if ours or (status == "invalid" and record_status == "invalidated"):
         return "invalidated"

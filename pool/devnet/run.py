@@ -33,7 +33,17 @@ from node.runtime import run_trio, stop_on_sigterm
 
 from .procs import Proc, cli_argv, make_procs, poll_status, status_line, stop_all
 from .report import build_report, chain_summary, check_outcome, decide_disputes, dispute_summary, print_summary
-from .setup import DEVNET_MAX_TOKENS, ROOT, DevnetOptions, Roles, create_pool, join_one_node, peer_id_of, resolve_train
+from .setup import (
+    DEVNET_MAX_TOKENS,
+    ROOT,
+    DevnetOptions,
+    Roles,
+    clear_previous_run,
+    create_pool,
+    join_one_node,
+    peer_id_of,
+    resolve_train,
+)
 
 
 class DevnetFailed(IntellectError):
@@ -169,6 +179,8 @@ def run_devnet(opts: DevnetOptions) -> dict[str, Any]:
     opts.workdir.mkdir(parents=True, exist_ok=True)
     port = opts.port or free_port()
     say = (lambda m: None) if opts.as_json else (lambda m: click.echo(m))
+    if clear_previous_run(opts.workdir):
+        say(f"cleared the previous devnet run from {opts.workdir} (a new chain starts every time)")
     started = time.monotonic()
     roles = Roles.default()
     coord_port = free_port()

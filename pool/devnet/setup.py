@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -177,3 +178,27 @@ def resolve_train(opts: DevnetOptions) -> DevnetOptions:
     import torch
 
     return replace(opts, train=opts.model.startswith("tiny") or torch.cuda.is_available())
+
+
+#: What a devnet run leaves in its folder: the roles' data folders and logs, and its own files.
+RUN_DIRS = ("coordinator", "validator", "liar", "juror*", "worker*", "cheater*")
+RUN_FILES = ("*.log", "deployment.json", "task-spec.json", "summary.json", "report.json", "report.reward.png",
+             "eval.json")  # fmt: skip
+
+
+def clear_previous_run(workdir: Path) -> list[str]:
+    """Remove what an earlier devnet left in `workdir` (each run starts a new chain, so the roles' old
+    databases, cursors and keys of an old deployment would only confuse them). Only in a folder that
+    holds a devnet's `deployment.json`, and only the names a devnet writes: anything else stays.
+    Returns the names removed."""
+    if not (workdir / "deployment.json").is_file():
+        return []
+    gone = []
+    for pattern in RUN_DIRS + RUN_FILES:
+        for path in sorted(workdir.glob(pattern)):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+            gone.append(path.name)
+    return gone

@@ -145,6 +145,10 @@ def _flow(url, tmp_path, monkeypatch, capsys):
     _, err = cli("validator", "work", "invalidate", "--pool", pid, "--key", keys[1], "--evidence",
                  str(tmp_path / "evidence.json"), expect=1)  # fmt: skip
     assert f"not work {keys[1]}" in err and "is it the evidence of this work?" in err and err.count("\n") == 1
+    # a hard accusation shows the node's signature over the work (what its file carries); without it, refused
+    _, err = cli("validator", "work", "invalidate", "--pool", pid, "--key", keys[0], expect=1)
+    assert "no signature of the node" in err and err.count("\n") == 1
+    sig = {k: cli.json("provider", "work", "sign", "--pool", pid, "--key", k)["signature"] for k in keys[:3]}
     inv = cli.json(
         "validator",
         "work",
@@ -155,6 +159,8 @@ def _flow(url, tmp_path, monkeypatch, capsys):
         keys[0],
         "--evidence",
         str(tmp_path / "evidence.json"),
+        "--signature",
+        sig[keys[0]],
     )
     assert inv["bond"] == 5 * 10**18 and inv["provider"] == addr["provider"]  # an accusation: no slash yet
     _, err = cli("validator", "work", "finalize", "--pool", pid, "--key", keys[0], expect=1)
@@ -165,7 +171,8 @@ def _flow(url, tmp_path, monkeypatch, capsys):
 
     cli("admin", "chain", "advance-time", "86400")
     cli("provider", "work", "finalize", "--pool", pid, "--key", keys[0])  # unappealed: anyone makes it final
-    _, err = cli("validator", "work", "invalidate", "--pool", pid, "--key", keys[2], expect=1)
+    _, err = cli("validator", "work", "invalidate", "--pool", pid, "--key", keys[2], "--signature", sig[keys[2]],
+                 expect=1)  # fmt: skip
     assert "validation window" in err and "closed" in err and err.count("\n") == 1
 
     claimed = cli.json("provider", "provider", "claim", "--pool", pid)

@@ -197,17 +197,22 @@ def test_devnet_lying_validator_is_appealed_and_overturned(tmp_path: Path) -> No
     """`intellect-node devnet --adversary --adversary-kind lying-validator --workers 1`: a validator of the
     pool accuses every honest record. The honest worker appeals (its own check passes), a committee drawn
     from the other validators re-checks the file and overturns: the worker keeps its stake and is
-    paid in full, and the liar loses every bond it put up."""
+    paid in full, and the liar loses every bond it put up.
+
+    Run twice in one folder: the second run starts from the first one's leftovers (each run has a new
+    chain; before, the roles read their old databases and the second run failed)."""
     pytest.importorskip("vllm")
     report_path = tmp_path / "r.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("INTELLECT_")}
-    p = subprocess.run(
-        [sys.executable, "-m", "cli.main", "devnet", "--model", "tiny", "--adversary", "--adversary-kind",
-         "lying-validator", "--workers", "1", "--steps", "2", "--report", str(report_path), "--dir", str(tmp_path / "dn"),
-         "--timeout", "420"],
-        capture_output=True, text=True, timeout=480, env=env, cwd=str(ROOT),
-    )  # fmt: skip
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    for run in (1, 2):
+        p = subprocess.run(
+            [sys.executable, "-m", "cli.main", "devnet", "--model", "tiny", "--adversary", "--adversary-kind",
+             "lying-validator", "--workers", "1", "--steps", "2", "--report", str(report_path), "--dir",
+             str(tmp_path / "dn"), "--timeout", "420"],
+            capture_output=True, text=True, timeout=480, env=env, cwd=str(ROOT),
+        )  # fmt: skip
+        assert p.returncode == 0, f"run {run}: " + p.stdout[-3000:] + p.stderr[-3000:]
+        assert ("cleared the previous devnet run" in p.stdout) == (run == 2), p.stdout[:2000]
     report = json.loads(report_path.read_text())
     assert report["ok"] and report["problems"] == [] and report["adversary"] == "lying-validator"
     assert set(report["nodes"]) == {"worker1"}

@@ -15,9 +15,10 @@ def test_a_record_that_left_the_window_is_settled_unless_it_is_our_accusation() 
     assert rules.after_record_left("invalid", False, "accusation", "invalidated") == "invalidated"
     # claimed, or disputed by someone else, or invalidated though we never found it invalid
     assert rules.after_record_left("pending", False, "none", "claimed") == "settled"
-    # another party's open dispute: unchanged (looked at again once it ends; one that fails reopens it)
+    # another party's open challenge: unchanged (looked at again once it ends; one that fails reopens it)
     assert rules.after_record_left("invalid", False, "challenge", "disputed") == "invalid"
-    assert rules.after_record_left("pending", False, "accusation", "disputed") == "pending"
+    assert rules.after_record_left("pending", False, "challenge", "disputed") == "pending"
+    assert rules.after_record_left("invalid", False, "accusation", "disputed") == "settled"
     assert rules.after_record_left("pending", False, "accusation", "invalidated") == "settled"
 
 
