@@ -317,6 +317,7 @@ def node_ledgers(rebuilt: Rebuilt, now: int) -> dict[str, NodeLedger]:
                 {
                     "work_key": r.work_key,
                     "kind": "soft invalidation" if r.soft and r.dispute in ("", "accusation") else r.dispute,
+                    "soft": r.soft,
                     "by": r.validator,
                     "verdict": r.verdict or "final",
                     "evidence": r.evidence,

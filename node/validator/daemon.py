@@ -89,6 +89,7 @@ class Validator(CheckingMixin, DisputesMixin):
         if not 0.0 <= cfg.sample_rate <= 1.0:
             raise ValueError("sample rate must be in [0, 1]")
         self.cfg = cfg
+        self._lies = 0  # the devnet liar's accusations so far (`_invalidate`)
         self.key = key
         self.metrics = metrics
         self.state = ValidatorState(cfg.data_dir / "validator.db")
@@ -391,6 +392,9 @@ class Validator(CheckingMixin, DisputesMixin):
         # a slash needs the node's signature over the work (`node_signed` fetched it before any verdict)
         sig = self.store.get(f"sig:{key}")
         hard = rules.invalidation_is_hard(reason) and bool(sig)
+        if self.cfg.lie:  # the devnet's lying validator: every other accusation soft (both kinds get appealed)
+            self._lies += 1
+            hard = hard and self._lies % 2 == 0
         if self.membership is not None:  # the pool's validators take turns: no accusation mined as a revert
             turn = rules.invalidation_turn(key, self.chain.address, self.membership.snapshot().validators)
             await trio.sleep(turn * rules.INVALIDATION_STAGGER)

@@ -166,25 +166,25 @@ class AccusationsMixin:
             prefills.held.clear()
 
     async def appeal_accusations(self) -> int:
-        """Hard invalidations of this node's work: appealed (with the pool's bond) when our self-check
-        of the file passes, and only with `--yes` (else the command to appeal is logged). Returns how
-        many were appealed now."""
+        """Accusations of this node's work, hard and soft (a soft one revokes the reward): appealed
+        (with the pool's bond) when our self-check of the file passes, and only with `--yes` (else the
+        command to appeal is logged). Returns how many were appealed now."""
         assert self.chain is not None
         c, pool = self.chain, self.cfg.pool_id
-        got = await new_ledger_events(c, self.store, "accused-cursor", pool, "WorkAccused")
+        got = await new_ledger_events(c, self.store, "accused-cursor", pool, ("WorkAccused", "WorkSoftInvalidated"))
         if got is None:
             return 0
         events, move = got
         mine = [ev for ev in events if str(ev.args["provider"]).lower() == self.provider.address.lower()]
         appealed = 0
         for ev in mine:
-            key = str(ev.args["workKey"])
+            key, accuser = str(ev.args["workKey"]), str(ev.args.get("accuser") or ev.args.get("validator"))
             if self.state.answered(key):
                 continue
             if not self.state.has_rollout(key):
                 continue  # work of another node of the same provider: its own worker answers
             try:
-                why, notes = await self.recheck(key, str(ev.args["evidenceHash"]), str(ev.args["accuser"]))
+                why, notes = await self.recheck(key, str(ev.args["evidenceHash"]), accuser)
             except Exception as exc:  # a fault of ours must not cost the appeal (nor kill the daemon)
                 log.exception("re-check of accused work %s failed", key[:12])
                 why, _ = self.self_check(key)
@@ -208,7 +208,8 @@ class AccusationsMixin:
                     status, detail = "too-late", str(exc)
             self.state.add_answer(key, status, detail, tx)
             log.warning(
-                "work %s accused by %s: %s%s", key[:12], ev.args["accuser"], status, f" ({detail})" if detail else ""
-            )
+                "work %s accused%s by %s: %s%s", key[:12], "" if ev.name == "WorkAccused" else " (soft)", accuser,
+                status, f" ({detail})" if detail else "",
+            )  # fmt: skip
         self.store.execute_many(move)
         return appealed

@@ -33,7 +33,7 @@ async def decide_disputes(reader: ChainClient, pool_id: int, wait_until: Any) ->
         contested, resolved = set(), set()
         for e in events:
             k = str(e.args.get("workKey"))
-            if e.name == "WorkAccused":
+            if e.name in ("WorkAccused", "WorkSoftInvalidated"):  # a soft accusation is appealable too
                 first_seen.setdefault(k, now)
             elif e.name in ("WorkAppealed", "WorkChallenged"):
                 contested.add(k)
@@ -63,6 +63,7 @@ def dispute_summary(nodes: dict[str, Any], bond: int, roles: Roles) -> dict[str,
             by_key[d["work_key"]] = {
                 "by": names.get(d["by"], d["by"]), "provider": ledger["provider"], "appealed": d["kind"] == "appeal",
                 "verdict": d["verdict"], "kind": "challenge" if d["kind"] == "challenge" else "accusation",
+                "soft": bool(d.get("soft")),
             }  # fmt: skip
     per: dict[str, dict[str, int]] = {}
     for d in by_key.values():
@@ -70,7 +71,7 @@ def dispute_summary(nodes: dict[str, Any], bond: int, roles: Roles) -> dict[str,
         p["accused"] += 1
         if d["verdict"] in ("upheld", "overturned"):
             p[d["verdict"]] += 1
-        if d["verdict"] == "overturned":
+        if d["verdict"] == "overturned" and not d["soft"]:  # a soft accuser puts up no bond
             p["bonds_lost"] += bond
     return {"records": by_key, "by_accuser": per}
 

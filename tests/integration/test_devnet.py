@@ -195,7 +195,8 @@ def test_the_explorer_of_a_devnet_run_in_chromium(adversary_devnet: Devnet, tmp_
 @pytest.mark.slow
 def test_devnet_lying_validator_is_appealed_and_overturned(tmp_path: Path) -> None:
     """`intellect-node devnet --adversary --adversary-kind lying-validator --workers 1`: a validator of the
-    pool accuses every honest record. The honest worker appeals (its own check passes), a committee drawn
+    pool accuses every honest record, every other one softly. The honest worker appeals each (its own
+    check passes), hard or soft, a committee drawn
     from the other validators re-checks the file and overturns: the worker keeps its stake and is
     paid in full, and the liar loses every bond it put up.
 
@@ -221,10 +222,12 @@ def test_devnet_lying_validator_is_appealed_and_overturned(tmp_path: Path) -> No
         assert n["units_claimed"] == n["units_recorded"] > 0
     liar = report["disputes"]["by_accuser"]["liar"]
     assert liar["accused"] == 2 and liar["overturned"] == 2 and liar["upheld"] == 0
-    assert liar["bonds_lost"] == 2 * 5 * 10**18
+    # the liar accuses every other record softly (no bond): the worker appeals soft accusations too
+    assert liar["bonds_lost"] == 1 * 5 * 10**18
     assert all(d["appealed"] for d in report["disputes"]["records"].values())
+    assert sorted(d["soft"] for d in report["disputes"]["records"].values()) == [False, True]
     assert report["audit"]["consistent"], report["audit"]["mismatches"]
-    assert "lost 10 INTL in bonds" in p.stdout
+    assert "lost 5 INTL in bonds" in p.stdout
 
 
 @pytest.mark.slow
