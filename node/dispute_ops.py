@@ -9,7 +9,7 @@ from .chain.client import ChainClient
 from .chain.errors import ChainError
 from .chain.messages import RECORD_STATUS
 from .chain.tx import Receipt
-from .chain.values import bytes32, check_balance, checksum
+from .chain.values import bytes32, check_balance, checksum, fixed_bytes
 
 
 async def _bond(c: ChainClient, pool_id: int, what: str) -> int:
@@ -29,13 +29,7 @@ def _signature(signature: str | None, work_key: str) -> bytes:
             "a slash needs the node's own signature over the work (its file's RolloutClaim, served on "
             "/intellect/signature/1); without it, revoke softly",
         )
-    try:
-        raw = bytes.fromhex(signature.removeprefix("0x"))
-    except ValueError:
-        raw = b""
-    if len(raw) != 65:
-        raise ChainError(f"malformed node signature for work {work_key}", "65 bytes, 0x-hex")
-    return raw
+    return fixed_bytes(signature, 65, f"the node signature for work {work_key}")
 
 
 async def invalidate(

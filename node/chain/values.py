@@ -18,15 +18,19 @@ def checksum(addr: str, what: str = "address") -> str:
         ) from None
 
 
-def bytes32(value: str, what: str = "value") -> str:
-    text = value.removeprefix("0x")
+def fixed_bytes(value: str, size: int, what: str = "value") -> bytes:
+    """`value` as exactly `size` bytes of (0x-prefixed or bare) hex, else a ChainError naming `what`."""
     try:
-        raw = bytes.fromhex(text)
+        raw = bytes.fromhex(value.removeprefix("0x"))
     except ValueError:
         raw = b""
-    if len(raw) != 32:
-        raise ChainError(f"{what} {value!r} is not 32 bytes of hex", "use 0x followed by 64 hex digits")
-    return "0x" + raw.hex()
+    if len(raw) != size:
+        raise ChainError(f"{what} {value!r} is not {size} bytes of hex", f"use 0x followed by {2 * size} hex digits")
+    return raw
+
+
+def bytes32(value: str, what: str = "value") -> str:
+    return "0x" + fixed_bytes(value, 32, what).hex()
 
 
 async def check_balance(c: ChainClient, amount: int, what: str) -> None:
